@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine: configure with CUDA (sm_90a), build with all cores, run the `gpu` tests
+# and the benchmarks, write logs under $OUT, print a short table last.
+#
+# Here (once per checkout, as root; needs Debian's package lists):  bash scripts/device-test.sh --stage
+#   downloads the Debian -dev packages the build needs into .deps/ (git-ignored); the GPU machine has none of them
+#   and reaches no registry, so every device call carries them: carry [".deps"].
+# There (through the device tool):  bash scripts/device-test.sh [options]
+#   --targets "a b"   build only these targets (default: all)
+#   --tests REGEX     run only the gpu tests matching REGEX (default: all gpu tests)
+#   --no-bench        skip the benchmarks
+#   --bench-args "…"  extra arguments for `ling bench` (default: --spec ling3-flash --random-weights)
+#   --sanitize        also run compute-sanitizer memcheck and racecheck over the gpu tests
+#   --cpu-tests       also run the CPU tests there
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DEB_PKGS="libeigen3-dev nlohmann-json3-dev libcli11-dev doctest-dev libpcre2-dev libpcre2-8-0 libbenchmark-dev libbenchmark1debian"
+
+if [ "${1:-}" = "--stage" ]; then
+  mkdir -p .deps && cd .deps && rm -f ./*.deb && apt-get download $DEB_PKGS && ls -la
+  exit $?
+fi
+
+TARGETS=all; TESTS=""; BENCH=1; BENCH_ARGS="--spec ling3-flash --random-weights"; SANITIZE=0; CPU_TESTS=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --targets) TARGETS="$2"; shift 2;;
+    --tests) TESTS="$2"; shift 2;;
+    --no-bench) BENCH=0; shift;;
+    --bench-args) BENCH_ARGS="$2"; shift 2;;
+    --sanitize) SANITIZE=1; shift;;
+    --cpu-tests) CPU_TESTS=1; shift;;
+    *) echo "unknown option $1"; exit 2;;
+  esac
+done
+OUT=${OUT:-$ROOT/out}; mkdir -p "$OUT"
+BUILD=build/device
+declare -a SUMMARY=()
+note() { SUMMARY+=("$1"); }
+
+# 1. dependencies: unpack the carried Debian packages under .deps/root
+if ! ls .deps/*.deb >/dev/null 2>&1; then echo "no .deps/*.deb: run 'bash scripts/device-test.sh --stage' here and carry .deps"; exit 2; fi
+mkdir -p .deps/root
+for f in .deps/*.deb; do dpkg -x "$f" .deps/root || exit 2; done
+export CMAKE_PREFIX_PATH="$ROOT/.deps/root/usr"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+
+# 2. configure and build
+t0=$(date +%s)
+cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build $BUILD -j "$(nproc)" --target $TARGETS >"$OUT/build.log" 2>&1
+rc_build=$?
+note "build ($TARGETS): rc=$rc_build in $(( $(date +%s) - t0 )) s"
+[ $rc_build -eq 0 ] || { grep -E "error|Error" "$OUT/build.log" | head -40; }
+
+# 3. gpu tests
+if [ -n "$TESTS" ]; then RF=(-R "$TESTS"); else RF=(); fi
+ctest --test-dir $BUILD -L gpu "${RF[@]}" --output-on-failure --timeout 300 >"$OUT/gpu-tests.log" 2>&1
+note "gpu tests: $(grep -E 'tests passed|tests failed' "$OUT/gpu-tests.log" | tail -1)"
+if [ $CPU_TESTS = 1 ]; then
+  ctest --test-dir $BUILD -LE gpu --output-on-failure --timeout 300 -j 8 >"$OUT/cpu-tests.log" 2>&1
+  note "cpu tests: $(grep -E 'tests passed|tests failed' "$OUT/cpu-tests.log" | tail -1)"
+fi
+if [ $SANITIZE = 1 ]; then
+  for tool in memcheck racecheck; do
+    bad=0
+    for exe in $(ctest --test-dir $BUILD -L gpu -N -V "${RF[@]}" 2>/dev/null | sed -n 's/.*Test command: \([^ ]*\).*/\1/p'); do
+      compute-sanitizer --tool $tool --error-exitcode 9 "$exe" >>"$OUT/sanitize-$tool.log" 2>&1 || bad=$((bad+1))
+    done
+    note "compute-sanitizer $tool: $bad failing executables"
+  done
+fi
+
+# 4. benchmarks
+if [ $BENCH = 1 ]; then
+  for b in $BUILD/bench/cuda_*; do
+    [ -x "$b" ] || continue
+    name=$(basename "$b")
+    "$b" --benchmark_min_time=0.2s >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
+  done
+  if [ -x $BUILD/examples/ling ]; then
+    $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
+  fi
+fi
+
+echo; echo "==== logs in \$OUT: $(ls "$OUT" | tr '\n' ' ')"
+for f in "$OUT"/gpu-tests.log; do grep -E "Passed|Failed|\*\*\*|Skipped" "$f" | tail -40; done
+[ -f "$OUT/ling-bench.md" ] && tail -25 "$OUT/ling-bench.md"
+echo; echo "| step | result |"; echo "|---|---|"
+for s in "${SUMMARY[@]}"; do echo "| ${s%%:*} | ${s#*:} |"; done
