@@ -1,0 +1,64 @@
+#pragma once
+// Causal depthwise short convolution with a rolling window of raw inputs (spec §2 "KDA mixer":
+// c_n = silu(sum_j w_n[:, j] * a_n(t-3+j)), the current token multiplies w[:, kernel-1]).
+// The window holds the raw (pre-conv) inputs of the last kernel-1 tokens, oldest first, as [kernel-1, channels];
+// a fresh stream starts with a zero window, which is exactly "positions before 0 are 0".
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace ling::cpu {
+
+enum class ConvActivation { kNone, kSilu };
+
+inline float silu(float x) noexcept { return x / (1.0f + std::exp(-x)); }
+
+// One token through the conv: y = act(sum_{j<kernel-1} w[:, j] * window[j] + w[:, kernel-1] * x), then the window
+// drops its oldest row and appends x. weight: [channels, kernel] row-major. x and y may alias.
+inline void short_conv_step(std::int64_t channels, std::int64_t kernel, float const* weight, float* window,
+                            float const* x, float* y, ConvActivation act = ConvActivation::kSilu) {
+  std::int64_t const hist = kernel - 1;
+  for (std::int64_t c = 0; c < channels; ++c) {
+    float const* w = weight + c * kernel;
+    float const xc = x[c];
+    float acc = w[hist] * xc;
+    for (std::int64_t j = 0; j < hist; ++j) acc += w[j] * window[j * channels + c];
+    for (std::int64_t j = 0; j + 1 < hist; ++j) window[j * channels + c] = window[(j + 1) * channels + c];
+    if (hist > 0) window[(hist - 1) * channels + c] = xc;
+    y[c] = act == ConvActivation::kSilu ? silu(acc) : acc;
+  }
+}
+
+// T tokens at once: x, y [T, channels] row-major (must not alias); the window is read as the history before
+// token 0 and left holding the last kernel-1 inputs of [window; x], so T calls of short_conv_step give the same.
+inline void short_conv_forward(std::int64_t channels, std::int64_t kernel, float const* weight, float* window,
+                               std::int64_t tokens, float const* x, float* y,
+                               ConvActivation act = ConvActivation::kSilu) {
+  if (tokens <= 0) return;
+  std::int64_t const hist = kernel - 1;
+  // Row e of the extended sequence [window; x].
+  auto row = [&](std::int64_t e) -> float const* { return e < hist ? window + e * channels : x + (e - hist) * channels; };
+  std::vector<float> acc(static_cast<std::size_t>(channels));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (std::int64_t j = 0; j < kernel; ++j) {  // y[t] = sum_j w[:, j] * E[t + j]
+      float const* src = row(t + j);
+      for (std::int64_t c = 0; c < channels; ++c) acc[static_cast<std::size_t>(c)] += weight[c * kernel + j] * src[c];
+    }
+    float* out = y + t * channels;
+    for (std::int64_t c = 0; c < channels; ++c) {
+      float const a = acc[static_cast<std::size_t>(c)];
+      out[c] = act == ConvActivation::kSilu ? silu(a) : a;
+    }
+  }
+  if (hist <= 0) return;
+  // New window = rows tokens .. tokens+hist-1 of E; copy through a buffer since they may overlap the old window.
+  std::vector<float> next(static_cast<std::size_t>(hist * channels));
+  for (std::int64_t j = 0; j < hist; ++j)
+    std::memcpy(next.data() + j * channels, row(tokens + j), sizeof(float) * static_cast<std::size_t>(channels));
+  std::memcpy(window, next.data(), sizeof(float) * next.size());
+}
+
+}  // namespace ling::cpu
