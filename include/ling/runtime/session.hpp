@@ -1,0 +1,195 @@
+#pragma once
+// runtime::Session: one token stream over a checkpoint on the CPU backend. open() reads config.json and picks the
+// model type: a static spec when the config matches one exactly (ling3-flash, kimi-linear-48b-a3b), else the
+// dynamic one (Kimi-Linear family switches fixed for kimi_linear configs); model_type() says which.
+//   prefill(tokens)    -> logits of the last position [V]     (chunked KDA, naive MLA)
+//   prefill_all(tokens)-> logits of every position [T·V]
+//   decode(token)      -> logits [V]                          (recurrent KDA, absorbed MLA)
+//   mtp_logits(h, next, position) / mtp_after(next) -> MTP logits (spec §2 MTP)
+//   snapshot() / restore(), reset()
+// Errors: a token id >= vocab -> kInvalidArgument naming the id; a context past max_position_embeddings (or
+// SessionOptions::max_context) -> kOutOfRange. A failed call leaves the caches as they were.
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ling/core/error.hpp"
+#include "ling/cpu/hybrid_model.hpp"
+#include "ling/io/checkpoint.hpp"
+#include "ling/io/model_config.hpp"
+#include "ling/io/weights.hpp"
+#include "ling/model/dynamic.hpp"
+#include "ling/model/kimi_linear.hpp"
+#include "ling/model/ling3_flash.hpp"
+#include "ling/runtime/cache.hpp"
+
+namespace ling::runtime {
+
+struct SessionOptions {
+  std::int64_t max_context = 0;  // 0: max_position_embeddings; larger values are clamped to it
+  std::string model_type = "auto";  // "auto", "dynamic" (never a static spec)
+};
+
+namespace detail {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits) = 0;
+  virtual void mtp(cpu::ConstMatrixRef h, std::span<std::int32_t const> next, std::int64_t position, cpu::Phase phase) = 0;
+  virtual void reset() = 0;
+  virtual CacheSnapshot snapshot() const = 0;
+  virtual void restore(CacheSnapshot const& s) = 0;
+  virtual std::int64_t position() const = 0;
+  virtual std::int64_t mtp_position() const = 0;
+  virtual bool has_mtp() const = 0;
+  virtual ModelConfig const& config() const = 0;
+  virtual std::string_view model_type() const = 0;
+
+  cpu::Matrix hidden, logits, mtp_logits;
+};
+
+template <class Model>
+class EngineFor final : public Engine {
+ public:
+  EngineFor(std::shared_ptr<io::Checkpoint const> ckpt, Model model, std::int64_t max_context)
+      : ckpt_(std::move(ckpt)), model_(std::move(model)), state_(model_.make_state()), max_context_(max_context) {}
+
+  void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits) override {
+    cpu::ForwardOptions opt{phase, all_logits, max_context_};
+    // Validate before touching the caches, so a bad call changes nothing.
+    (void)cpu::embed(model_, tokens);
+    std::int64_t const max_ctx = max_context_ > 0 ? max_context_ : model_.config.max_position_embeddings;
+    if (max_ctx > 0 && state_.position + std::int64_t(tokens.size()) > max_ctx)
+      fail(ErrorCode::kOutOfRange, "context overflow: " + std::to_string(state_.position) + " tokens + " +
+                                       std::to_string(tokens.size()) + " new exceed the maximum context of " +
+                                       std::to_string(max_ctx));
+    cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
+  }
+  void mtp(cpu::ConstMatrixRef h, std::span<std::int32_t const> next, std::int64_t position, cpu::Phase phase) override {
+    cpu::mtp_forward(be_, model_, state_, h, next, position, mtp_logits, phase);
+  }
+  void reset() override { state_ = model_.make_state(); }
+  CacheSnapshot snapshot() const override { return CacheSnapshot(this, state_); }
+  void restore(CacheSnapshot const& s) override { state_ = s.get<typename Model::State>(this); }
+  std::int64_t position() const override { return state_.position; }
+  std::int64_t mtp_position() const override { return state_.mtp ? state_.mtp->length : 0; }
+  bool has_mtp() const override { return model_.has_mtp(); }
+  ModelConfig const& config() const override { return model_.config; }
+  std::string_view model_type() const override { return Model::spec_type::name; }
+  Model& model() { return model_; }
+
+ private:
+  std::shared_ptr<io::Checkpoint const> ckpt_;  // the mapped files the weights view
+  Model model_;
+  typename Model::State state_;
+  std::int64_t max_context_;
+  cpu::Backend be_;
+};
+
+}  // namespace detail
+
+class Session {
+ public:
+  // Opens a checkpoint directory (config.json + safetensors) with the model type picked from its config.
+  static Session open(std::filesystem::path const& dir, SessionOptions const& options = {}) {
+    auto ckpt = std::make_shared<io::Checkpoint const>(io::Checkpoint::open(dir));
+    ModelConfig const& c = ckpt->config();
+    if (options.model_type != "auto" && options.model_type != "dynamic")
+      fail(ErrorCode::kInvalidArgument, "SessionOptions.model_type must be auto or dynamic, got '" + options.model_type + "'");
+    if (options.model_type == "auto") {
+      if (model::matches<model::Ling3FlashSpec>(c)) return open_loaded<model::Ling3Flash<>>(ckpt, options);
+      if (model::matches<model::KimiLinear48BSpec>(c)) return open_loaded<model::KimiLinear48B<>>(ckpt, options);
+      if (model::matches<model::KimiLinearSpec>(c)) return open_loaded<model::KimiLinear<>>(ckpt, options);
+    }
+    return open_loaded<model::DynamicModel<>>(ckpt, options);
+  }
+  // Opens with a given model type (a static spec, or another policy list); `edit` may change the loaded weights
+  // (e.g. quantize them to a policy of the list) before the first token.
+  template <class Model>
+  static Session open_as(std::filesystem::path const& dir, SessionOptions const& options = {},
+                         std::function<void(Model&)> const& edit = {}) {
+    auto ckpt = std::make_shared<io::Checkpoint const>(io::Checkpoint::open(dir));
+    return open_loaded<Model>(ckpt, options, edit);
+  }
+
+  // Logits of the last position [vocab].
+  std::span<float const> prefill(std::span<std::int32_t const> tokens) {
+    engine_->forward(tokens, cpu::Phase::kPrefill, false);
+    return row(engine_->logits, engine_->logits.rows() - 1);
+  }
+  // Logits of every position [T·vocab], row-major.
+  std::span<float const> prefill_all(std::span<std::int32_t const> tokens) {
+    engine_->forward(tokens, cpu::Phase::kPrefill, true);
+    return {engine_->logits.data(), std::size_t(engine_->logits.size())};
+  }
+  std::span<float const> prefill(std::span<std::int32_t const> tokens, bool all_rows) {
+    return all_rows ? prefill_all(tokens) : prefill(tokens);
+  }
+  // One token through the decode path: logits [vocab].
+  std::span<float const> decode(std::int32_t token) {
+    std::int32_t const t[1] = {token};
+    engine_->forward(t, cpu::Phase::kDecode, false);
+    return row(engine_->logits, 0);
+  }
+  // The main model's final hidden states (after model.norm) of the last prefill/decode call [n·hidden].
+  std::span<float const> last_hidden() const { return {engine_->hidden.data(), std::size_t(engine_->hidden.size())}; }
+
+  // MTP logits [n·vocab]: row i from hidden h[i] (after model.norm, at position `position + i`) and the token that
+  // follows it, next[i]. Positions must continue the MTP stream (mtp_position()).
+  std::span<float const> mtp_logits(std::span<float const> h, std::span<std::int32_t const> next, std::int64_t position) {
+    std::int64_t const H = engine_->config().hidden_size;
+    require(std::int64_t(h.size()) == std::int64_t(next.size()) * H, ErrorCode::kInvalidArgument,
+            "mtp_logits: hidden holds " + std::to_string(h.size()) + " floats, expected next.size()·hidden_size");
+    Eigen::Map<cpu::Matrix const> hm(h.data(), std::int64_t(next.size()), H);
+    engine_->mtp(hm, next, position, next.size() == 1 ? cpu::Phase::kDecode : cpu::Phase::kPrefill);
+    return {engine_->mtp_logits.data(), std::size_t(engine_->mtp_logits.size())};
+  }
+  // MTP logits from the first next.size() hidden rows of the last prefill/decode call, at their positions.
+  std::span<float const> mtp_after(std::span<std::int32_t const> next) {
+    std::int64_t const n = engine_->hidden.rows(), H = engine_->hidden.cols();
+    require(std::int64_t(next.size()) <= n, ErrorCode::kInvalidArgument,
+            "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " + std::to_string(n) + " positions");
+    cpu::Matrix h = engine_->hidden.topRows(std::int64_t(next.size()));
+    return mtp_logits({h.data(), std::size_t(h.size())}, next, engine_->position() - n);
+    (void)H;
+  }
+
+  void reset() { engine_->reset(); }
+  CacheSnapshot snapshot() const { return engine_->snapshot(); }
+  void restore(CacheSnapshot const& s) { engine_->restore(s); }
+
+  std::int64_t position() const { return engine_->position(); }
+  std::int64_t mtp_position() const { return engine_->mtp_position(); }
+  std::int64_t vocab_size() const { return engine_->config().vocab_size; }
+  bool has_mtp() const { return engine_->has_mtp(); }
+  ModelConfig const& config() const { return engine_->config(); }
+  std::string_view model_type() const { return engine_->model_type(); }
+
+ private:
+  explicit Session(std::unique_ptr<detail::Engine> e) : engine_(std::move(e)) {}
+
+  template <class Model>
+  static Session open_loaded(std::shared_ptr<io::Checkpoint const> ckpt, SessionOptions const& options,
+                             std::function<void(Model&)> const& edit = {}) {
+    ModelConfig const& c = ckpt->config();
+    auto weights = io::CheckpointWeights::load(*ckpt);
+    Model m = Model::load(weights, c);
+    if (edit) edit(m);
+    std::int64_t max_ctx = c.max_position_embeddings;
+    if (options.max_context > 0 && (max_ctx <= 0 || options.max_context < max_ctx)) max_ctx = options.max_context;
+    return Session(std::make_unique<detail::EngineFor<Model>>(std::move(ckpt), std::move(m), max_ctx));
+  }
+  static std::span<float const> row(cpu::Matrix const& m, std::int64_t r) {
+    return {m.data() + r * m.cols(), std::size_t(m.cols())};
+  }
+
+  std::unique_ptr<detail::Engine> engine_;
+};
+
+}  // namespace ling::runtime
