@@ -255,7 +255,7 @@ inline ModelConfig ModelConfig::from_json(nlohmann::json const& j, std::string s
         c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads == 0 ? c.hidden_size / c.num_attention_heads : 0;
     c.head_dim = rd.integer("head_dim", default_head_dim);
     c.mla_num_heads = c.num_attention_heads;
-    if (auto kv = rd.integer("num_key_value_heads", c.num_attention_heads); kv != c.num_attention_heads)
+    if (auto kv = rd.integer("num_key_value_heads", c.num_attention_heads); c.num_attention_heads > 0 && kv != c.num_attention_heads)
       fail(ErrorCode::kConfig, where(source, "num_key_value_heads") + " = " + std::to_string(kv) +
                                    " must equal num_attention_heads = " + std::to_string(c.num_attention_heads));
     c.short_conv_kernel_size = rd.integer("short_conv_kernel_size", 4);
@@ -292,7 +292,7 @@ inline ModelConfig ModelConfig::from_json(nlohmann::json const& j, std::string s
     if (!lac || lac->is_null()) lac = &empty;
     detail::config::Reader lrd{*lac, source};
     c.mla_num_heads = rd.integer("num_attention_heads", 32);
-    if (auto kv = rd.integer("num_key_value_heads", c.mla_num_heads); kv != c.mla_num_heads)
+    if (auto kv = rd.integer("num_key_value_heads", c.mla_num_heads); c.mla_num_heads > 0 && kv != c.mla_num_heads)
       fail(ErrorCode::kConfig, where(source, "num_key_value_heads") + " = " + std::to_string(kv) +
                                    " must equal num_attention_heads = " + std::to_string(c.mla_num_heads));
     c.num_attention_heads = lrd.integer("num_heads", rd.integer("linear_num_heads", 32));
