@@ -225,6 +225,7 @@ inline void kda_chunk(std::int64_t kd, std::int64_t n, std::int64_t stride, floa
   constexpr std::int64_t kSub = 16;  // sub-chunk: cross-block decays are taken relative to its start
   // exp(-1e4) is 0 in any precision; the floor keeps -inf gates from making inf - inf in the differences.
   constexpr double kGateFloor = -1e4;
+  constexpr double kMaxFactoredRange = 80.0;  // exp(80) ~ 5.5e34 and exp(-80) ~ 1.8e-35: normal fp32 values
   StridedConst const q(q_ptr, n, kd, Eigen::OuterStride<>(stride));
   StridedConst const kk(k_ptr, n, kd, Eigen::OuterStride<>(stride));
   StridedConst const v(v_ptr, n, kd, Eigen::OuterStride<>(stride));
@@ -241,33 +242,50 @@ inline void kda_chunk(std::int64_t kd, std::int64_t n, std::int64_t stride, floa
   }
 
   // A_kk (strictly lower) and A_qk (lower incl. diagonal): sum_d x_r[d] k_c[d] exp(G_r[d] - G_c[d]), r >= c.
+  // Per sub-chunk, exp(G_r - G_c) = exp(G_r - G_ref) * exp(G_ref - G_c) with G_ref the cumulative gate just before
+  // the sub-chunk: for earlier tokens c both factors are <= 1 (an underflow only drops a value below the true one);
+  // for c inside the sub-chunk the second factor grows up to exp(range), range = the sub-chunk's own decay, which
+  // the safe gate bounds by 16 * |lower_bound|. A steeper sub-chunk (Kimi gates) takes exact pairwise exponentials.
   RowMatrixF akk = RowMatrixF::Zero(n, n), aqk = RowMatrixF::Zero(n, n);
-  Eigen::RowVectorXf decay(kd);
+  RowMatrixF scratch;
+  auto exp_of = [&scratch](auto const& diff) -> RowMatrixF const& {  // float exp of a double difference, vectorized
+    scratch = diff.template cast<float>().cwiseMax(-87.0f);              // below e^-87: fp32 denormals; drop them
+    scratch = scratch.array().exp().matrix();
+    return scratch;
+  };
+  Eigen::RowVectorXd const zero_ref = Eigen::RowVectorXd::Zero(kd);
   for (std::int64_t i0 = 0; i0 < n; i0 += kSub) {
     std::int64_t const m = std::min(kSub, n - i0);
-    // Within the sub-chunk: exponentiate each difference directly (r >= c, so <= 0: no overflow, any gate).
-    for (std::int64_t r = i0; r < i0 + m; ++r)
-      for (std::int64_t c = i0; c <= r; ++c) {
-        decay = (cg.row(r) - cg.row(c)).cast<float>().array().exp().matrix();
-        Eigen::RowVectorXf const kc = kk.row(c).cwiseProduct(decay);
-        aqk(r, c) = q.row(r).dot(kc);
-        if (c < r) akk(r, c) = kk.row(r).dot(kc);
-      }
-    if (i0 == 0) continue;
-    // Against all earlier tokens: split exp(G_r - G_c) at the reference G_ref (the token before the sub-chunk),
-    // both factors have non-positive exponents, so neither overflows and an underflow is below the true value.
-    auto const ref = cg.row(i0 - 1);
-    RowMatrixF const after = (cg.middleRows(i0, m).rowwise() - ref).cast<float>().array().exp().matrix();
-    RowMatrixF const before = ((-cg.topRows(i0)).rowwise() + ref).cast<float>().array().exp().matrix();
-    RowMatrixF const k_before = kk.topRows(i0).cwiseProduct(before);
-    aqk.block(i0, 0, m, i0).noalias() = q.middleRows(i0, m).cwiseProduct(after) * k_before.transpose();
-    akk.block(i0, 0, m, i0).noalias() = kk.middleRows(i0, m).cwiseProduct(after) * k_before.transpose();
+    Eigen::RowVectorXd const ref = i0 == 0 ? zero_ref : Eigen::RowVectorXd(cg.row(i0 - 1));
+    double const range = (ref - cg.row(i0 + m - 1)).maxCoeff();
+    bool const factored = range <= kMaxFactoredRange;
+    std::int64_t const cols = factored ? i0 + m : i0;  // columns done by the factored product
+    if (cols > 0) {
+      RowMatrixF const after = exp_of(cg.middleRows(i0, m).rowwise() - ref);
+      RowMatrixF const k_before = kk.topRows(cols).cwiseProduct(exp_of((-cg.topRows(cols)).rowwise() + ref));
+      aqk.block(i0, 0, m, cols).noalias() = q.middleRows(i0, m).cwiseProduct(after) * k_before.transpose();
+      akk.block(i0, 0, m, cols).noalias() = kk.middleRows(i0, m).cwiseProduct(after) * k_before.transpose();
+      if (factored)  // keep only c <= r (A_qk) and c < r (A_kk) inside the diagonal block
+        for (std::int64_t r = 0; r < m; ++r) {
+          aqk.block(i0 + r, i0 + r + 1, 1, m - r - 1).setZero();
+          akk.block(i0 + r, i0 + r, 1, m - r).setZero();
+        }
+    }
+    if (!factored) {
+      Eigen::RowVectorXf kc(kd);
+      for (std::int64_t r = i0; r < i0 + m; ++r)
+        for (std::int64_t c = i0; c <= r; ++c) {
+          kc = kk.row(c).cwiseProduct(exp_of(cg.row(r) - cg.row(c)));
+          aqk(r, c) = q.row(r).dot(kc);
+          if (c < r) akk(r, c) = kk.row(r).dot(kc);
+        }
+    }
   }
 
   // (I + Diag(beta) A_kk) [U | W] = Diag(beta) [V | e^G * K]: the UT transform by forward substitution.
   Eigen::VectorXf beta(n);
   for (std::int64_t t = 0; t < n; ++t) beta(t) = beta_ptr[t * beta_stride];
-  RowMatrixF const eg = cg.cast<float>().array().exp().matrix();  // decay since the chunk start, <= 1
+  RowMatrixF const eg = exp_of(cg);  // decay since the chunk start, <= 1
   RowMatrixF lhs = beta.asDiagonal() * akk;
   lhs.diagonal().setOnes();
   RowMatrixF rhs(n, 2 * kd);
@@ -282,7 +300,7 @@ inline void kda_chunk(std::int64_t kd, std::int64_t n, std::int64_t stride, floa
   o.noalias() += aqk.triangularView<Eigen::Lower>() * v_new;
   auto const last = cg.row(n - 1);
   Eigen::VectorXf const decay_last = last.cast<float>().array().exp().matrix().transpose();
-  RowMatrixF const k_to_end = kk.cwiseProduct(((-cg).rowwise() + last).cast<float>().array().exp().matrix());
+  RowMatrixF const k_to_end = kk.cwiseProduct(exp_of((-cg).rowwise() + last));
   s = decay_last.asDiagonal() * s;
   s.noalias() += k_to_end.transpose() * v_new;
 }

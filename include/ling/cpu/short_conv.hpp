@@ -40,12 +40,18 @@ inline void short_conv_forward(std::int64_t channels, std::int64_t kernel, float
   std::int64_t const hist = kernel - 1;
   // Row e of the extended sequence [window; x].
   auto row = [&](std::int64_t e) -> float const* { return e < hist ? window + e * channels : x + (e - hist) * channels; };
+  // Taps as [kernel, channels] so the inner loop runs over contiguous channels.
+  std::vector<float> taps(static_cast<std::size_t>(kernel * channels));
+  for (std::int64_t c = 0; c < channels; ++c)
+    for (std::int64_t j = 0; j < kernel; ++j) taps[static_cast<std::size_t>(j * channels + c)] = weight[c * kernel + j];
   std::vector<float> acc(static_cast<std::size_t>(channels));
   for (std::int64_t t = 0; t < tokens; ++t) {
     std::fill(acc.begin(), acc.end(), 0.0f);
     for (std::int64_t j = 0; j < kernel; ++j) {  // y[t] = sum_j w[:, j] * E[t + j]
       float const* src = row(t + j);
-      for (std::int64_t c = 0; c < channels; ++c) acc[static_cast<std::size_t>(c)] += weight[c * kernel + j] * src[c];
+      float const* w = taps.data() + j * channels;
+      float* a = acc.data();
+      for (std::int64_t c = 0; c < channels; ++c) a[c] += w[c] * src[c];
     }
     float* out = y + t * channels;
     for (std::int64_t c = 0; c < channels; ++c) {
