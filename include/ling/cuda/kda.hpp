@@ -1,0 +1,49 @@
+#pragma once
+// The fused KDA decode step on the GPU (spec §2 "KDA mixer"), one launch per layer after the projections:
+// conv window update + SiLU, q/k l2norm (q · K^-1/2), gate, β, delta-rule update of the fp32 state, o = Sᵀq.
+// The gated RMSNorm of o (o_norm ⊙ sigmoid(W_g u)) is applied by the o_proj matvec's input prologue, which needs
+// the whole head (the step splits a head's V columns over blocks). Launcher in kda.cuh.
+//
+// Device layouts: state S [H, K, V] fp32 (as cpu::KdaState::s). The conv history is a ring of conv_kernel slots
+// [conv_kernel, 3P] (q channels, then k, then v): slot (t mod conv_kernel) holds the raw input a(t); a zero ring is a
+// fresh stream. (cpu::KdaState keeps [conv_kernel-1, P] per q/k/v, oldest first: kda_ring_from_windows converts.)
+#include <cstdint>
+#include <vector>
+
+namespace ling::cuda {
+
+struct KdaStepArgs {
+  int heads = 0, head_dim = 0, conv_kernel = 4;
+  bool safe_gate = true;
+  float lower_bound = -5.0f;
+  float const* x_q = nullptr;  // [P] projection outputs (before conv)
+  float const* x_k = nullptr;
+  float const* x_v = nullptr;
+  float const* f = nullptr;    // [P]
+  float const* b = nullptr;    // [H]
+  float const* conv_w = nullptr;  // [3P, conv_kernel] fp32: q rows, k rows, v rows
+  float const* a_log = nullptr;   // [H]
+  float const* dt_bias = nullptr; // [P]
+  float* ring = nullptr;          // [conv_kernel, 3P]
+  float* state = nullptr;         // [H, K, V]
+  float* o = nullptr;             // [P] o = Sᵀq per head (before the gated norm)
+  std::int32_t const* position = nullptr;  // device: the token's position t
+};
+
+// Host-side conversion between the CPU windows (oldest first, `pos` tokens seen) and the device ring.
+inline std::vector<float> kda_ring_from_windows(std::int64_t p, int conv_kernel, std::int64_t pos, float const* wq,
+                                                float const* wk, float const* wv) {
+  std::vector<float> ring(std::size_t(conv_kernel) * std::size_t(3 * p), 0.f);
+  int const hist = conv_kernel - 1;
+  for (int j = 0; j < hist; ++j) {  // window row j holds a(pos - hist + j)
+    std::int64_t t = pos - hist + j;
+    if (t < 0) continue;
+    std::int64_t slot = t % conv_kernel;
+    float const* src[3] = {wq, wk, wv};
+    for (int n = 0; n < 3; ++n)
+      for (std::int64_t c = 0; c < p; ++c) ring[std::size_t(slot * 3 * p + n * p + c)] = src[n][j * p + c];
+  }
+  return ring;
+}
+
+}  // namespace ling::cuda

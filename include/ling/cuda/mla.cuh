@@ -1,0 +1,280 @@
+#pragma once
+// Gated MLA absorbed decode kernels (see mla.hpp). nvcc only.
+#include <cmath>
+
+#include "ling/cuda/mla.hpp"
+#include "ling/cuda/model_ops.cuh"
+
+namespace ling::cuda {
+
+inline constexpr int kMlaTile = 32;        // tokens per shared-memory tile
+inline constexpr int kMlaMinChunk = 256;   // tokens per split at least
+
+// Interleaved RoPE angle as the CPU reference forms it (fp32 inv_freq and product), cos/sin in double.
+__device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
+  float inv_freq = 1.0f / powf(float(theta), float(2 * j) / float(dim));
+  float angle = float(pos) * inv_freq;
+  double c = cos(double(angle)), s = sin(double(angle));
+  float a = x0, b = x1;
+  x0 = a * float(c) - b * float(s);
+  x1 = a * float(s) + b * float(c);
+}
+
+template <MatFormat F>
+__global__ void __launch_bounds__(128) mla_prepare_kernel(MlaDecodeArgs a) {
+  __shared__ float scratch[32];
+  MlaDims const d = a.d;
+  int const h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x;
+  int const L = d.latent(), qk = d.qk(), rowstride = d.nope + d.v;
+  std::int64_t const t = *a.position;
+  float const* qh = a.q + std::int64_t(h) * qk;
+  int const col = chunk * 128 + tid;
+  if (col < d.rank) {  // q̂_h[col] = Σ_d W_kvb[h(dn+dv)+d, col] q_nope[d]
+    float acc = 0.f;
+    for (int i = 0; i < d.nope; ++i)
+      acc += ops::Fmt<F>::at(a.kv_b.data, a.kv_b.scales, a.kv_b.rows, a.kv_b.cols, std::int64_t(h) * rowstride + i, col) * qh[i];
+    a.q_hat[std::int64_t(h) * L + col] = acc;
+  }
+  if (chunk == 0) {
+    float* dst = a.q_hat + std::int64_t(h) * L + d.rank;
+    if (d.use_rope) {
+      for (int j = tid; j < d.rope / 2; j += blockDim.x) {
+        float x0 = qh[d.nope + 2 * j], x1 = qh[d.nope + 2 * j + 1];
+        rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+        dst[2 * j] = x0;
+        dst[2 * j + 1] = x1;
+      }
+    } else {
+      for (int j = tid; j < d.rope; j += blockDim.x) dst[j] = qh[d.nope + j];
+    }
+  }
+  if (h == 0 && chunk == 0) {  // the new cache row [RMSNorm(c) | RoPE(k_rope)]
+    float ss = 0.f;
+    for (int i = tid; i < d.rank; i += blockDim.x) ss += a.kv_a[i] * a.kv_a[i];
+    float inv = rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
+    std::uint16_t* row = a.cache + t * L;
+    for (int i = tid; i < d.rank; i += blockDim.x) row[i] = bf16_from_float(a.kv_norm[i] * (a.kv_a[i] * inv)).bits;
+    if (d.use_rope) {
+      for (int j = tid; j < d.rope / 2; j += blockDim.x) {
+        float x0 = a.kv_a[d.rank + 2 * j], x1 = a.kv_a[d.rank + 2 * j + 1];
+        rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+        row[d.rank + 2 * j] = bf16_from_float(x0).bits;
+        row[d.rank + 2 * j + 1] = bf16_from_float(x1).bits;
+      }
+    } else {
+      for (int j = tid; j < d.rope; j += blockDim.x) row[d.rank + j] = bf16_from_float(a.kv_a[d.rank + j]).bits;
+    }
+  }
+}
+
+__host__ __device__ inline std::int64_t mla_chunk(std::int64_t len, int splits) {
+  std::int64_t c = (len + splits - 1) / splits;
+  if (c < kMlaMinChunk) c = kMlaMinChunk;
+  return (c + kMlaTile - 1) / kMlaTile * kMlaTile;
+}
+
+// Split s of the context, all heads. Thread (hg, cg) accumulates heads [hg·HPT, +HPT) × latent columns [4cg, 4cg+4).
+template <int HPT>
+__global__ void mla_attend_kernel(MlaDecodeArgs a) {
+  extern __shared__ __align__(16) unsigned char smraw[];
+  MlaDims const d = a.d;
+  int const H = d.heads, L = d.latent(), Lp = L + 8, r = d.rank;
+  float* Qs = reinterpret_cast<float*>(smraw);                        // [H][L]
+  std::uint16_t* Cs = reinterpret_cast<std::uint16_t*>(Qs + H * L);  // [Tile][Lp]
+  float* Ps = reinterpret_cast<float*>(Cs + kMlaTile * Lp);           // [Tile][H]
+  float* mrun = Ps + kMlaTile * H;                                    // [H]
+  float* lrun = mrun + H;
+  float* alpha = lrun + H;
+  int const tid = threadIdx.x, nthreads = blockDim.x;
+  std::int64_t const len = std::int64_t(*a.position) + 1;
+  std::int64_t const chunk = mla_chunk(len, a.splits);
+  std::int64_t const begin = std::int64_t(blockIdx.x) * chunk;
+  if (begin >= len) return;
+  std::int64_t const end = begin + chunk < len ? begin + chunk : len;
+  float const scale = rsqrtf(float(d.qk()));
+  for (int i = tid; i < H * L; i += nthreads) Qs[i] = a.q_hat[i] * scale;
+  for (int h = tid; h < H; h += nthreads) {
+    mrun[h] = -INFINITY;
+    lrun[h] = 0.f;
+  }
+  int const ncg = r / 4;
+  int const cg = tid % ncg, hg = tid / ncg;
+  bool const active = hg < H / HPT;
+  float acc[HPT][4];
+#pragma unroll
+  for (int i = 0; i < HPT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[i][j] = 0.f;
+  int const vec_per_row = L / 8;
+  for (std::int64_t t0 = begin; t0 < end; t0 += kMlaTile) {
+    int const n = int(end - t0 < kMlaTile ? end - t0 : kMlaTile);
+    __syncthreads();  // previous tile fully consumed (and Qs/mrun ready on the first pass)
+    for (int i = tid; i < n * vec_per_row; i += nthreads) {
+      int row = i / vec_per_row, v = i % vec_per_row;
+      uint4 val = ops::load_stream(a.cache + (t0 + row) * L + v * 8);
+      *reinterpret_cast<uint4*>(Cs + row * Lp + v * 8) = val;
+    }
+    __syncthreads();
+    for (int i = tid; i < H * kMlaTile; i += nthreads) {
+      int h = i / kMlaTile, tt = i % kMlaTile;
+      float sc = -INFINITY;
+      if (tt < n) {
+        float const* q = Qs + h * L;
+        std::uint16_t const* c = Cs + tt * Lp;
+        float s0 = 0.f;
+        for (int v = 0; v < vec_per_row; ++v) {
+          uint4 cv = *reinterpret_cast<uint4 const*>(c + v * 8);
+          float4 qa = *reinterpret_cast<float4 const*>(q + v * 8);
+          float4 qb = *reinterpret_cast<float4 const*>(q + v * 8 + 4);
+          s0 += __uint_as_float(cv.x << 16) * qa.x + __uint_as_float(cv.x & 0xFFFF0000u) * qa.y +
+                __uint_as_float(cv.y << 16) * qa.z + __uint_as_float(cv.y & 0xFFFF0000u) * qa.w +
+                __uint_as_float(cv.z << 16) * qb.x + __uint_as_float(cv.z & 0xFFFF0000u) * qb.y +
+                __uint_as_float(cv.w << 16) * qb.z + __uint_as_float(cv.w & 0xFFFF0000u) * qb.w;
+        }
+        sc = s0;
+      }
+      Ps[tt * H + h] = sc;
+    }
+    __syncthreads();
+    for (int h = tid; h < H; h += nthreads) {
+      float mt = -INFINITY;
+      for (int tt = 0; tt < n; ++tt) mt = fmaxf(mt, Ps[tt * H + h]);
+      float mnew = fmaxf(mrun[h], mt);
+      float al = __expf(mrun[h] - mnew);
+      float sum = 0.f;
+      for (int tt = 0; tt < n; ++tt) {
+        float p = __expf(Ps[tt * H + h] - mnew);
+        Ps[tt * H + h] = p;
+        sum += p;
+      }
+      lrun[h] = lrun[h] * al + sum;
+      mrun[h] = mnew;
+      alpha[h] = al;
+    }
+    __syncthreads();
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < HPT; ++i) {
+        float al = alpha[hg * HPT + i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] *= al;
+      }
+      for (int tt = 0; tt < n; ++tt) {
+        uint2 cv = *reinterpret_cast<uint2 const*>(Cs + tt * Lp + 4 * cg);
+        float c0 = __uint_as_float(cv.x << 16), c1 = __uint_as_float(cv.x & 0xFFFF0000u);
+        float c2 = __uint_as_float(cv.y << 16), c3 = __uint_as_float(cv.y & 0xFFFF0000u);
+        float const* p = Ps + tt * H + hg * HPT;
+#pragma unroll
+        for (int i = 0; i < HPT; ++i) {
+          float pi = p[i];
+          acc[i][0] += pi * c0;
+          acc[i][1] += pi * c1;
+          acc[i][2] += pi * c2;
+          acc[i][3] += pi * c3;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (active) {
+#pragma unroll
+    for (int i = 0; i < HPT; ++i) {
+      float4 o = make_float4(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+      *reinterpret_cast<float4*>(a.part_o + (std::int64_t(blockIdx.x) * H + hg * HPT + i) * r + 4 * cg) = o;
+    }
+  }
+  for (int h = tid; h < H; h += nthreads) {
+    a.part_ml[(std::int64_t(blockIdx.x) * H + h) * 2] = mrun[h];
+    a.part_ml[(std::int64_t(blockIdx.x) * H + h) * 2 + 1] = lrun[h];
+  }
+}
+
+__global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
+  int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x;
+  int const H = a.d.heads, r = a.d.rank;
+  std::int64_t const len = std::int64_t(*a.position) + 1;
+  std::int64_t const chunk = mla_chunk(len, a.splits);
+  int const used = int((len + chunk - 1) / chunk);
+  float m = -INFINITY;
+  for (int s = 0; s < used; ++s) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
+  if (col >= r) return;
+  float num = 0.f, den = 0.f;
+  for (int s = 0; s < used; ++s) {
+    float w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
+    den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];
+    num += w * a.part_o[(std::int64_t(s) * H + h) * r + col];
+  }
+  a.o_lat[std::int64_t(h) * r + col] = num / den;
+}
+
+// O[h·dv + i] = (W_UV,h o_lat,h)[i] · gate: gate_mode 0 none, 1 head-wise sigmoid(gate[h]), 2 element-wise.
+template <MatFormat F>
+__global__ void __launch_bounds__(256) mla_uv_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  MlaDims const d = a.d;
+  std::int64_t const idx = std::int64_t(blockIdx.x) * 8 + warp;
+  if (idx >= std::int64_t(d.heads) * d.v) return;
+  int const h = int(idx / d.v), i = int(idx % d.v);
+  void const* w[1] = {a.kv_b.data};
+  void const* s[1] = {a.kv_b.scales};
+  std::int64_t rows[1] = {a.kv_b.rows}, row[1] = {std::int64_t(h) * (d.nope + d.v) + d.nope + i};
+  float const* x[1] = {a.o_lat + std::int64_t(h) * d.rank};
+  float o[1];
+  ops::warp_dots<F, 1>(w, s, rows, row, x, 1, d.rank, o);
+  float g = gate_mode == 1 ? dev::sigmoidf_(gate[h]) : gate_mode == 2 ? dev::sigmoidf_(gate[idx]) : 1.f;
+  if (lane == 0) out[idx] = o[0] * g;
+}
+
+inline int mla_heads_per_thread(MlaDims const& d) {
+  // largest HPT in {16, 8, 4, 2, 1} dividing H with (r/4)·(H/HPT) <= 256 threads
+  for (int hpt : {1, 2, 4, 8, 16})
+    if (d.heads % hpt == 0 && (d.rank / 4) * (d.heads / hpt) <= 256) return hpt;
+  return 0;
+}
+inline std::size_t mla_attend_smem(MlaDims const& d) {
+  int const L = d.latent();
+  return sizeof(float) * std::size_t(d.heads) * L + sizeof(std::uint16_t) * kMlaTile * std::size_t(L + 8) +
+         sizeof(float) * (std::size_t(kMlaTile) * d.heads + 3 * d.heads);
+}
+
+inline Status mla_can_implement(MlaDims const& d) {
+  if (d.rank % 4 != 0 || d.latent() % 8 != 0)
+    return Status(ErrorCode::kUnsupported, "mla decode: kv_lora_rank must be a multiple of 4 and kv_lora_rank + qk_rope_head_dim of 8");
+  if (mla_heads_per_thread(d) == 0)
+    return Status(ErrorCode::kUnsupported, "mla decode: no thread layout for these heads and kv_lora_rank");
+  if (d.use_rope && d.rope % 2) return Status(ErrorCode::kUnsupported, "mla decode: odd rope dim");
+  return Status::ok();
+}
+
+// The three launches after the projections; out [H·dv] goes to the dense matvec.
+inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
+  mla_can_implement(a.d).throw_if_error();
+  ops::dispatch_format(a.kv_b.format, [&](auto f) {
+    mla_prepare_kernel<decltype(f)::value><<<dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st>>>(a);
+  });
+  check_launch("mla_prepare");
+  int const hpt = mla_heads_per_thread(a.d);
+  int threads = (a.d.rank / 4) * (a.d.heads / hpt);
+  threads = (threads + 31) / 32 * 32;
+  std::size_t smem = mla_attend_smem(a.d);
+  auto launch = [&](auto kernel) {
+    ops::allow_smem(kernel, smem);
+    kernel<<<unsigned(a.splits), unsigned(threads), smem, st>>>(a);
+  };
+  switch (hpt) {
+    case 1: launch(mla_attend_kernel<1>); break;
+    case 2: launch(mla_attend_kernel<2>); break;
+    case 4: launch(mla_attend_kernel<4>); break;
+    case 8: launch(mla_attend_kernel<8>); break;
+    default: launch(mla_attend_kernel<16>); break;
+  }
+  check_launch("mla_attend");
+  mla_combine_kernel<<<dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st>>>(a);
+  check_launch("mla_combine");
+  ops::dispatch_format(a.kv_b.format, [&](auto f) {
+    mla_uv_kernel<decltype(f)::value><<<unsigned((std::int64_t(a.d.heads) * a.d.v + 7) / 8), 256, 0, st>>>(a, gate, gate_mode, out);
+  });
+  check_launch("mla_uv");
+}
+
+}  // namespace ling::cuda

@@ -1,0 +1,42 @@
+#pragma once
+// Gated MLA decode on the GPU in the absorbed form (spec §2 "Gated MLA mixer"), over a latent cache of
+// [c | k_rope] rows (r + dr values per token, bf16). Three launches after the fused q/kv_a/g projection:
+//  1. mla_prepare: c = RMSNorm(c), RoPE(k_rope) -> cache[t]; q_rope = RoPE(q_rope); q̂_h = W_UK,hᵀ q_nope,h.
+//  2. mla_attend (split over the context, flash-decoding): per split, all heads at once (MQA: one read of the
+//     cache serves every head), partial softmax statistics and the partial latent output.
+//  3. mla_combine: merges the splits into o_lat [H, r]; then the W_UV matvec with the head gate gives O [H·dv].
+// The cache length (t + 1) is read from device memory, so one captured graph serves every position.
+#include <cstdint>
+
+#include "ling/core/config.hpp"
+#include "ling/cuda/model_weights.hpp"
+
+namespace ling::cuda {
+
+struct MlaDims {
+  int heads = 0, nope = 0, rope = 0, v = 0, rank = 0;  // H, dn, dr, dv, r
+  bool use_rope = true;
+  double rope_theta = 10000.0;
+  float eps = 1e-6f;
+  LING_HOST_DEVICE int latent() const { return rank + rope; }
+  LING_HOST_DEVICE int qk() const { return nope + rope; }
+};
+
+struct MlaDecodeArgs {
+  MlaDims d;
+  float const* q = nullptr;        // [H·(dn+dr)] q_proj output
+  float const* kv_a = nullptr;     // [r+dr] kv_a_proj_with_mqa output
+  float const* kv_norm = nullptr;  // [r] kv_a_layernorm
+  ModelMatrix kv_b;                // [H·(dn+dv), r]
+  std::uint16_t* cache = nullptr;  // [max_ctx, r+dr] bf16 bits
+  std::int64_t max_ctx = 0;
+  std::int32_t const* position = nullptr;  // device: t (cache length after this step is t+1)
+  // scratch
+  float* q_hat = nullptr;     // [H, r+dr]
+  int splits = 0;             // number of context splits (blocks of mla_attend)
+  float* part_o = nullptr;    // [splits, H, r]
+  float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
+  float* o_lat = nullptr;     // [H, r]
+};
+
+}  // namespace ling::cuda

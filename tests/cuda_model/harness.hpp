@@ -1,0 +1,69 @@
+#pragma once
+// Host wrappers around the CUDA model kernels for the doctest files (which g++ compiles): vectors in, vectors out.
+// Each wrapper poisons its outputs (NaN) before the launch, so an unwritten element fails the comparison.
+#include <cstdint>
+#include <vector>
+
+#include "ling/cuda/kda.hpp"
+#include "ling/cuda/mla.hpp"
+#include "ling/cuda/model_weights.hpp"
+
+namespace ling::test_gpu {
+
+bool device_ok();
+
+std::vector<float> rms_norm(std::vector<float> const& x, std::vector<float> const& w, std::int64_t rows, float eps);
+
+// A host matrix in a storage format: raw storage bytes and scale bytes as the policy lays them out.
+struct HostMatrix {
+  cuda::MatFormat format;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<unsigned char> data, scales;
+};
+std::vector<float> embedding(HostMatrix const& table, std::vector<std::int32_t> const& tokens);
+
+// prologue: 0 plain, 1 rms norm (norm_w [cols]), 2 gated head norm (norm_w [head], gate [cols]), 3 head gate (gate [cols/head])
+std::vector<float> matvec(HostMatrix const& m, std::vector<float> const& x, int prologue, std::vector<float> const& norm_w,
+                          std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual);
+
+// KDA: runs T decode steps from a given state; returns o (raw Sᵀq) [T, P]; state and ring updated in place.
+struct KdaHost {
+  int heads, head_dim, conv_kernel;
+  bool safe_gate;
+  float lower_bound;
+  std::vector<float> conv_w, a_log, dt_bias;  // [3P, kc], [H], [P]
+  std::vector<float> state, ring;             // [H,K,V], [kc, 3P]
+};
+std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T, std::vector<float> const& xq,
+                             std::vector<float> const& xk, std::vector<float> const& xv, std::vector<float> const& f,
+                             std::vector<float> const& b);
+
+// MLA: cache rows [0, pos) given (bf16 bits), one decode at position pos; returns O [H·dv] (gated),
+// the new cache row (as floats) and q̂ [H, r+dr].
+struct MlaOut {
+  std::vector<float> out, new_row, q_hat;
+};
+MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
+                  std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
+                  std::vector<float> const& gate, int gate_mode);
+
+struct RouterOut {
+  std::vector<int> idx;
+  std::vector<float> w, logits;
+};
+RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w, std::vector<float> const& bias,
+                 int n_group, int topk_group, int top_k, bool norm_topk, float scaling);
+
+// MoE: routed experts stacked [E][2I, hidden] / [E][hidden, I]; shared gate_up [2Is, hidden] / down [hidden, Is].
+std::vector<float> moe(std::vector<HostMatrix> const& gate_up, std::vector<HostMatrix> const& down, HostMatrix const* shared_gu,
+                       HostMatrix const* shared_dn, std::vector<float> const& x, std::vector<float> const& norm_w,
+                       std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
+                       std::vector<float> const& residual);
+
+struct HeadOut {
+  std::vector<float> logits;
+  int argmax;
+};
+HeadOut head(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w);
+
+}  // namespace ling::test_gpu

@@ -1,0 +1,323 @@
+// Each CUDA model kernel against the CPU op or an independent double-precision reference, on fresh random inputs
+// with tails (sizes that are not multiples of the kernels' tiles). Outputs are poisoned by the harness.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "ling/cpu/backend.hpp"
+#include "ling/cpu/kda.hpp"
+#include "ling/cpu/router.hpp"
+#include "ling/cuda/runtime.hpp"
+#include "test_util.hpp"
+
+using namespace ling;
+using namespace ling::test_gpu;
+using cuda::MatFormat;
+
+#define LING_REQUIRE_GPU()                                \
+  if (!ling::cuda::device_available()) {                  \
+    MESSAGE("no CUDA device: skipped");                   \
+    return;                                               \
+  }
+
+TEST_CASE("rms_norm matches cpu::rms_norm_rows") {
+  LING_REQUIRE_GPU();
+  for (std::int64_t dim : {1, 37, 2560}) {
+    std::int64_t rows = 3;
+    auto x = randn(std::size_t(rows * dim), 3.f), w = randn(std::size_t(dim));
+    std::vector<float> ref(x.size());
+    cpu::rms_norm_rows(x.data(), ref.data(), rows, dim, w.data(), 1e-6f);
+    auto y = rms_norm(x, w, rows, 1e-6f);
+    CHECK(rel_l2(y, ref) < 1e-5);
+  }
+}
+
+TEST_CASE("embedding gather returns the dequantized rows") {
+  LING_REQUIRE_GPU();
+  std::int64_t const vocab = 300, hidden = 200;
+  for (MatFormat f : {MatFormat::kF32, MatFormat::kBf16, MatFormat::kFp8Block}) {
+    std::vector<float> deq;
+    auto m = make_matrix(f, randn(std::size_t(vocab * hidden)), vocab, hidden, &deq);
+    std::vector<std::int32_t> tok = {0, 299, 17, 150, 17};
+    auto out = embedding(m, tok);
+    std::vector<float> ref;
+    for (auto t : tok) ref.insert(ref.end(), deq.begin() + t * hidden, deq.begin() + (t + 1) * hidden);
+    CHECK(rel_l2(out, ref) < 1e-6);
+  }
+}
+
+TEST_CASE("matvec in every format, fast and tail paths, with prologues and residual") {
+  LING_REQUIRE_GPU();
+  struct Shape { std::int64_t rows, cols; };
+  for (MatFormat f : {MatFormat::kF32, MatFormat::kBf16, MatFormat::kFp8Block, MatFormat::kFp8Row, MatFormat::kMxfp4}) {
+    std::vector<Shape> shapes = {{130, 256}, {37, 100}, {300, 2560}};
+    if (f == MatFormat::kMxfp4) shapes = {{130, 256}, {37, 96}, {300, 2560}};
+    for (auto s : shapes) {
+      CAPTURE(int(f));
+      CAPTURE(s.cols);
+      std::vector<float> deq;
+      auto m = make_matrix(f, randn(std::size_t(s.rows * s.cols), 0.05f), s.rows, s.cols, &deq);
+      auto x = randn(std::size_t(s.cols), 2.f), nw = randn(std::size_t(s.cols)), res = randn(std::size_t(s.rows));
+      // plain + residual
+      std::vector<double> xd(x.begin(), x.end());
+      auto ref = ref_matvec(deq, s.rows, s.cols, xd);
+      for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+      CHECK(rel_l2(matvec(m, x, 0, {}, {}, 0, 1e-6f, &res), ref) < 1e-5);
+      // RMSNorm prologue
+      double ss = 0;
+      for (float v : x) ss += double(v) * v;
+      double inv = 1.0 / std::sqrt(ss / double(s.cols) + 1e-6);
+      for (std::size_t i = 0; i < xd.size(); ++i) xd[i] = double(x[i]) * inv * nw[i];
+      CHECK(rel_l2(matvec(m, x, 1, nw, {}, 0, 1e-6f, nullptr), ref_matvec(deq, s.rows, s.cols, xd)) < 1e-5);
+    }
+  }
+  // per-head gated RMSNorm (KDA output) and per-head gate (MLA output), head 40 (not a multiple of 32)
+  std::int64_t const head = 40, heads = 3, cols = head * heads, rows = 50;
+  std::vector<float> deq;
+  auto m = make_matrix(MatFormat::kBf16, randn(std::size_t(rows * cols), 0.1f), rows, cols, &deq);
+  auto x = randn(std::size_t(cols)), nw = randn(std::size_t(head)), g = randn(std::size_t(cols));
+  std::vector<double> xd(static_cast<std::size_t>(cols));
+  for (std::int64_t h = 0; h < heads; ++h) {
+    double ss = 0;
+    for (std::int64_t i = 0; i < head; ++i) ss += double(x[h * head + i]) * x[h * head + i];
+    double inv = 1.0 / std::sqrt(ss / double(head) + 1e-6);
+    for (std::int64_t i = 0; i < head; ++i)
+      xd[h * head + i] = x[h * head + i] * inv * nw[i] / (1.0 + std::exp(-double(g[h * head + i])));
+  }
+  CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
+  auto hg = randn(std::size_t(heads));
+  for (std::int64_t i = 0; i < cols; ++i) xd[i] = x[i] / (1.0 + std::exp(-double(hg[i / head])));
+  CHECK(rel_l2(matvec(m, x, 3, {}, hg, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
+}
+
+namespace {
+void kda_case(int heads, int hd, bool safe, int T) {
+  std::int64_t const P = std::int64_t(heads) * hd;
+  int const kc = 4;
+  cpu::KdaCoreConfig cfg{heads, hd, kc, safe, -5.0f, 1e-6f};
+  auto conv = randn(std::size_t(3 * P * kc), 0.5f), a_log = randn(std::size_t(heads), 0.5f), dt = randn(std::size_t(P), 0.5f);
+  auto o_norm = randn(std::size_t(hd));
+  cpu::KdaCoreWeights w{conv.data(), conv.data() + P * kc, conv.data() + 2 * P * kc, a_log.data(), dt.data(), o_norm.data()};
+  auto st = cpu::KdaState::zeros(cfg);
+  // a non-trivial starting state: run a few random tokens through the CPU first
+  std::int64_t const warm = 5;
+  {
+    auto q = randn(std::size_t(warm * P)), k = randn(std::size_t(warm * P)), v = randn(std::size_t(warm * P));
+    auto f = randn(std::size_t(warm * P)), b = randn(std::size_t(warm * heads)), g = randn(std::size_t(warm * P));
+    std::vector<float> out(static_cast<std::size_t>(warm * P));
+    cpu::kda_forward_recurrent(cfg, w, st, warm, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), out.data());
+  }
+  KdaHost kh{heads, hd, kc, safe, -5.0f, conv, a_log, dt, st.s,
+             cuda::kda_ring_from_windows(P, kc, warm, st.conv_q.data(), st.conv_k.data(), st.conv_v.data())};
+  auto q = randn(std::size_t(T * P)), k = randn(std::size_t(T * P)), v = randn(std::size_t(T * P));
+  auto f = randn(std::size_t(T * P)), b = randn(std::size_t(T * heads)), g = randn(std::size_t(T * P));
+  std::vector<float> ref(static_cast<std::size_t>(T * P));
+  cpu::kda_forward_recurrent(cfg, w, st, T, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), ref.data());
+  auto o = kda_steps(kh, warm, T, q, k, v, f, b);
+  for (std::int64_t t = 0; t < T; ++t)
+    for (int h = 0; h < heads; ++h) {
+      float* oh = o.data() + t * P + h * hd;
+      cpu::kda_gated_rms_norm(oh, o_norm.data(), g.data() + t * P + h * hd, hd, 1e-6f, oh);
+    }
+  CHECK(rel_l2(o, ref) < 1e-4);
+  CHECK(rel_l2(kh.state, st.s) < 1e-4);
+  auto ring = cuda::kda_ring_from_windows(P, kc, warm + T, st.conv_q.data(), st.conv_k.data(), st.conv_v.data());
+  // slots not in the window (the oldest) differ by construction; compare only the window's slots
+  std::vector<float> a, r;
+  for (int j = 1; j < kc; ++j) {
+    std::int64_t slot = (warm + T - j) % kc;
+    a.insert(a.end(), kh.ring.begin() + slot * 3 * P, kh.ring.begin() + (slot + 1) * 3 * P);
+    r.insert(r.end(), ring.begin() + slot * 3 * P, ring.begin() + (slot + 1) * 3 * P);
+  }
+  CHECK(rel_l2(a, r) == doctest::Approx(0.0));
+}
+}  // namespace
+
+TEST_CASE("fused KDA step matches cpu::kda_forward_recurrent") {
+  LING_REQUIRE_GPU();
+  SUBCASE("Ling shape: 4 heads of 128, safe gate") { kda_case(4, 128, true, 4); }
+  SUBCASE("tails: 3 heads of 40, softplus gate") { kda_case(3, 40, false, 6); }
+  SUBCASE("32 heads of 128, 2 tokens") { kda_case(32, 128, true, 2); }
+}
+
+namespace {
+void rope_ref(float* x, int dim, std::int64_t pos, double theta) {  // as cpu::rope_interleaved
+  for (int j = 0; j < dim / 2; ++j) {
+    float inv_freq = 1.0f / std::pow(float(theta), float(2 * j) / float(dim));
+    float angle = float(pos) * inv_freq;
+    float c = float(std::cos(double(angle))), s = float(std::sin(double(angle)));
+    float x0 = x[2 * j], x1 = x[2 * j + 1];
+    x[2 * j] = x0 * c - x1 * s;
+    x[2 * j + 1] = x0 * s + x1 * c;
+  }
+}
+void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode) {
+  int const H = d.heads, L = d.latent(), r = d.rank;
+  std::vector<float> deq;
+  auto kvb = make_matrix(MatFormat::kFp8Block, randn(std::size_t(H) * (d.nope + d.v) * r, 0.05f), std::int64_t(H) * (d.nope + d.v), r, &deq);
+  auto q = randn(std::size_t(H) * d.qk()), kv_a = randn(std::size_t(L)), kv_norm = randn(std::size_t(r));
+  std::vector<std::uint16_t> cache(std::size_t(pos * L));
+  for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
+  auto gate = randn(std::size_t(gate_mode == 2 ? H * d.v : H));
+  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode);
+  // reference (double where it matters): new row, q̂, attention over pos+1 rows, W_UV, gate
+  std::vector<float> row(static_cast<std::size_t>(L));
+  double ss = 0;
+  for (int i = 0; i < r; ++i) ss += double(kv_a[i]) * kv_a[i];
+  float inv = float(1.0 / std::sqrt(ss / r + d.eps));
+  for (int i = 0; i < r; ++i) row[i] = kv_norm[i] * (kv_a[i] * inv);
+  for (int i = 0; i < d.rope; ++i) row[r + i] = kv_a[r + i];
+  if (d.use_rope) rope_ref(row.data() + r, d.rope, pos, d.rope_theta);
+  for (auto& v : row) v = to_float(bf16_from_float(v));
+  CHECK(rel_l2(got.new_row, row) < 1e-6);
+  std::vector<float> all(static_cast<std::size_t>((pos + 1) * L));
+  for (std::size_t i = 0; i < cache.size(); ++i) all[i] = to_float(Bfloat16{cache[i]});
+  std::copy(row.begin(), row.end(), all.begin() + pos * L);
+  std::vector<double> out(std::size_t(H) * d.v), qhat_ref(std::size_t(H) * L);
+  for (int h = 0; h < H; ++h) {
+    std::vector<double> qh(static_cast<std::size_t>(L));
+    for (int c = 0; c < r; ++c) {
+      double a = 0;
+      for (int i = 0; i < d.nope; ++i) a += double(deq[(std::size_t(h) * (d.nope + d.v) + i) * r + c]) * q[std::size_t(h) * d.qk() + i];
+      qh[c] = a;
+    }
+    std::vector<float> qr(q.begin() + h * d.qk() + d.nope, q.begin() + (h + 1) * d.qk());
+    if (d.use_rope) rope_ref(qr.data(), d.rope, pos, d.rope_theta);
+    for (int i = 0; i < d.rope; ++i) qh[r + i] = qr[i];
+    std::copy(qh.begin(), qh.end(), qhat_ref.begin() + h * L);
+    std::vector<double> sc(static_cast<std::size_t>(pos + 1));
+    double m = -1e300;
+    for (std::int64_t t = 0; t <= pos; ++t) {
+      double a = 0;
+      for (int i = 0; i < L; ++i) a += qh[i] * all[std::size_t(t * L + i)];
+      sc[t] = a / std::sqrt(double(d.qk()));
+      m = std::max(m, sc[t]);
+    }
+    double den = 0;
+    for (auto& v : sc) den += (v = std::exp(v - m));
+    std::vector<double> ol(std::size_t(r), 0.0);
+    for (std::int64_t t = 0; t <= pos; ++t)
+      for (int c = 0; c < r; ++c) ol[c] += sc[t] / den * all[std::size_t(t * L + c)];
+    for (int i = 0; i < d.v; ++i) {
+      double a = 0;
+      for (int c = 0; c < r; ++c) a += double(deq[(std::size_t(h) * (d.nope + d.v) + d.nope + i) * r + c]) * ol[c];
+      double g = gate_mode == 1 ? 1.0 / (1.0 + std::exp(-double(gate[h])))
+                 : gate_mode == 2 ? 1.0 / (1.0 + std::exp(-double(gate[h * d.v + i]))) : 1.0;
+      out[std::size_t(h) * d.v + i] = a * g;
+    }
+  }
+  CHECK(rel_l2(got.q_hat, qhat_ref) < 1e-5);
+  CHECK(rel_l2(got.out, out) < 1e-4);
+}
+}  // namespace
+
+TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
+  LING_REQUIRE_GPU();
+  cuda::MlaDims ling{32, 128, 64, 128, 512, true, 6e6, 1e-6f};
+  SUBCASE("Ling shape, 700 cached tokens, 4 splits (tails)") { mla_case(ling, 700, 4, 1); }
+  SUBCASE("Ling shape, first token, 8 splits (empty splits)") { mla_case(ling, 0, 8, 1); }
+  SUBCASE("Ling shape, 3000 tokens, 132 splits") { mla_case(ling, 3000, 132, 1); }
+  cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};
+  SUBCASE("small dims, element-wise gate") { mla_case(small, 300, 3, 2); }
+  cuda::MlaDims nope{4, 16, 8, 24, 32, false, 10000.0, 1e-6f};
+  SUBCASE("no rope, no gate") { mla_case(nope, 40, 2, 0); }
+}
+
+namespace {
+struct RouteCfg {
+  std::int64_t e, n_group, topk_group, top_k;
+  bool norm_topk_prob;
+  double routed_scaling_factor;
+  std::int64_t experts() const { return e; }
+};
+}  // namespace
+
+TEST_CASE("router logits and grouped top-k match cpu::route_scores") {
+  LING_REQUIRE_GPU();
+  for (auto cfg : {RouteCfg{64, 8, 4, 8, true, 2.5}, RouteCfg{512, 8, 4, 8, true, 2.5}, RouteCfg{40, 1, 1, 6, false, 1.0}}) {
+    std::int64_t const hidden = 200;
+    std::vector<float> deq;
+    auto w = make_matrix(MatFormat::kBf16, randn(std::size_t(cfg.e * hidden), 0.1f), cfg.e, hidden, &deq);
+    auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), bias = randn(std::size_t(cfg.e), 0.05f);
+    auto got = router(w, x, nw, bias, int(cfg.n_group), int(cfg.topk_group), int(cfg.top_k), cfg.norm_topk_prob,
+                      float(cfg.routed_scaling_factor));
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    std::vector<double> xd(static_cast<std::size_t>(hidden));
+    for (std::int64_t i = 0; i < hidden; ++i) xd[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
+    CHECK(rel_l2(got.logits, ref_matvec(deq, cfg.e, hidden, xd)) < 1e-5);
+    auto ref = cpu::route_scores(cfg, got.logits.data(), bias);  // same logits: the selection must agree exactly
+    REQUIRE(got.idx.size() == ref.experts.size());
+    for (std::size_t i = 0; i < got.idx.size(); ++i) {
+      CHECK(got.idx[i] == ref.experts[i]);
+      CHECK(got.w[i] == doctest::Approx(ref.weights[i]).epsilon(1e-5));
+    }
+  }
+}
+
+TEST_CASE("fused MoE (MXFP4 routed + FP8 shared, clamps) matches a double reference") {
+  LING_REQUIRE_GPU();
+  std::int64_t const E = 6, I = 64, hidden = 96, Is = 40;
+  std::vector<HostMatrix> gu, dn;
+  std::vector<std::vector<float>> gud, dnd;
+  for (int e = 0; e < E; ++e) {
+    std::vector<float> a, b;
+    gu.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(2 * I * hidden), 0.3f), 2 * I, hidden, &a));
+    dn.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, &b));
+    gud.push_back(a), dnd.push_back(b);
+  }
+  std::vector<float> sgud, sdnd;
+  auto sgu = make_matrix(MatFormat::kFp8Block, randn(std::size_t(2 * Is * hidden), 0.3f), 2 * Is, hidden, &sgud);
+  auto sdn = make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * Is), 0.3f), hidden, Is, &sdnd);
+  auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
+  std::vector<int> idx = {4, 1, 5};
+  std::vector<float> wts = {0.7f, 1.1f, 0.2f};
+  for (float limit : {0.f, 1.5f}) {
+    auto got = moe(gu, dn, &sgu, &sdn, x, nw, idx, wts, limit, limit * 2, res);
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    std::vector<double> u(static_cast<std::size_t>(hidden));
+    for (std::int64_t i = 0; i < hidden; ++i) u[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
+    auto phi = [](double a, double b, double L) {
+      double s = a / (1 + std::exp(-a));
+      if (L > 0) s = std::min(s, L), b = std::clamp(b, -L, L);
+      return s * b;
+    };
+    std::vector<double> ref(res.begin(), res.end());
+    auto expert = [&](std::vector<float> const& g, std::vector<float> const& dw, std::int64_t inter, double L, double wt) {
+      auto gy = ref_matvec(g, 2 * inter, hidden, u);
+      std::vector<double> act(static_cast<std::size_t>(inter));
+      for (std::int64_t i = 0; i < inter; ++i) act[i] = phi(gy[i], gy[inter + i], L);
+      auto y = ref_matvec(dw, hidden, inter, act);
+      for (std::int64_t i = 0; i < hidden; ++i) ref[i] += wt * y[i];
+    };
+    for (std::size_t j = 0; j < idx.size(); ++j) expert(gud[idx[j]], dnd[idx[j]], I, limit, wts[j]);
+    expert(sgud, sdnd, Is, limit * 2, 1.0);
+    CHECK(rel_l2(got, ref) < 1e-4);
+  }
+  // dense MLP path: no routed experts, only the "shared" pair
+  auto got = moe({}, {}, &sgu, &sdn, x, nw, {}, {}, 0.f, 0.f, res);
+  CHECK(got.size() == std::size_t(hidden));
+  CHECK(!std::isnan(got[0]));
+}
+
+TEST_CASE("LM head (FP8-row and BF16) logits and argmax") {
+  LING_REQUIRE_GPU();
+  std::int64_t const vocab = 1000, hidden = 96;
+  for (MatFormat f : {MatFormat::kFp8Row, MatFormat::kBf16}) {
+    std::vector<float> deq;
+    auto w = make_matrix(f, randn(std::size_t(vocab * hidden), 0.1f), vocab, hidden, &deq);
+    auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden));
+    auto got = head(w, x, nw);
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    std::vector<double> u(static_cast<std::size_t>(hidden));
+    for (std::int64_t i = 0; i < hidden; ++i) u[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
+    auto ref = ref_matvec(deq, vocab, hidden, u);
+    CHECK(rel_l2(got.logits, ref) < 1e-5);
+    CHECK(got.argmax == int(std::max_element(got.logits.begin(), got.logits.end()) - got.logits.begin()));
+    CHECK(got.argmax == int(std::max_element(ref.begin(), ref.end()) - ref.begin()));
+  }
+}
