@@ -1,0 +1,515 @@
+#pragma once
+// Matrix-vector kernels (declarations and layouts in linear.hpp). nvcc only.
+//
+// One warp computes the dot products of NR rows at a time: lane l owns the 16-byte chunks l, l+32, ... of each row,
+// issues the loads of U chunks of all NR rows before any arithmetic (memory-level parallelism), and reads the input
+// once from shared memory for the NR rows. The input is staged in shared memory with one 16-byte pad per 32 floats
+// (xpad), so the lanes' chunk-sized reads fall in distinct banks. A persistent grid of 256-thread blocks strides
+// over row tasks; several matrices sharing the input are one launch (their tasks are concatenated).
+//
+// Policies: FastOps<P> is the 16-byte-chunk decoder of the fast layouts; RowDot<P> uses it when it exists and
+// otherwise falls back to the generic form, which only calls P::decode (any policy, even one defined outside the
+// library, runs with no new kernel).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+#include <type_traits>
+
+#include "ling/cuda/linear.hpp"
+
+namespace ling::cuda::kernels {
+
+inline constexpr int kThreads = 256;
+inline constexpr int kWarps = kThreads / 32;
+
+// ---- small device helpers ------------------------------------------------------------------------------
+__host__ __device__ constexpr std::int64_t round32(std::int64_t n) { return (n + 31) / 32 * 32; }
+// Shared-memory position of input element c: one float4 of padding after every 32 floats.
+__host__ __device__ constexpr int xpad(int c) { return c + ((c >> 5) << 2); }
+// Floats of shared memory that hold n input elements (n rounded up to 32).
+__host__ __device__ constexpr int xs_floats(std::int64_t n) { return xpad(int(round32(n))); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Streaming 16-byte load: read-only path, no L1 allocation (each weight byte is used once per token).
+__device__ __forceinline__ uint4 ld_stream(void const* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// Stages x[0..n) into xs (padded layout), zero-filling up to n_stage (rounded to 32). All threads of the block.
+__device__ __forceinline__ void stage_x(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
+  std::int64_t const end = round32(n_stage);
+  for (std::int64_t c = threadIdx.x; c < end; c += blockDim.x) xs[xpad(int(c))] = c < n ? x[c] : 0.f;
+}
+
+__device__ __forceinline__ float ue8m0_float(std::uint8_t s) {
+  if (s == 0xFF) return __uint_as_float(0x7FC00000u);
+  if (s == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(std::uint32_t(s) << 23);
+}
+
+template <int NR>
+__device__ __forceinline__ void zero(float (&a)[NR]) {
+#pragma unroll
+  for (int n = 0; n < NR; ++n) a[n] = 0.f;
+}
+
+__device__ __forceinline__ std::uint32_t word(uint4 const& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// ---- fast chunk decoders -------------------------------------------------------------------------------
+// kElems elements per 16-byte chunk (divides 32, so a chunk never straddles an xpad gap); kUnroll chunks per lane
+// per batch of loads; dot<NR>() = Σ_e w[n][e] x[e] over one chunk of NR rows; chunk_scale / row_scale multiply it.
+template <class P>
+struct FastOps;
+
+template <>
+struct FastOps<quant::F32> {
+  static constexpr int kElems = 4, kUnroll = 8;
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 x = *reinterpret_cast<float4 const*>(xp);
+#pragma unroll
+    for (int n = 0; n < NR; ++n)
+      d[n] = __uint_as_float(v[n].x) * x.x + __uint_as_float(v[n].y) * x.y + __uint_as_float(v[n].z) * x.z +
+             __uint_as_float(v[n].w) * x.w;
+  }
+  __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+template <>
+struct FastOps<quant::Bf16> {
+  static constexpr int kElems = 8, kUnroll = 8;
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 xa = reinterpret_cast<float4 const*>(xp)[0], xb = reinterpret_cast<float4 const*>(xp)[1];
+    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        std::uint32_t u = word(v[n], i);
+        a0 = fmaf(__uint_as_float(u << 16), xv[2 * i], a0);
+        a1 = fmaf(__uint_as_float(u & 0xFFFF0000u), xv[2 * i + 1], a1);
+      }
+      d[n] = a0 + a1;
+    }
+  }
+  __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+template <>
+struct FastOps<quant::F16> {
+  static constexpr int kElems = 8, kUnroll = 8;
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 xa = reinterpret_cast<float4 const*>(xp)[0], xb = reinterpret_cast<float4 const*>(xp)[1];
+    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        std::uint32_t u = word(v[n], i);
+        __half2_raw r;
+        r.x = std::uint16_t(u & 0xFFFFu);
+        r.y = std::uint16_t(u >> 16);
+        float2 f = __half22float2(__half2(r));
+        a0 = fmaf(f.x, xv[2 * i], a0);
+        a1 = fmaf(f.y, xv[2 * i + 1], a1);
+      }
+      d[n] = a0 + a1;
+    }
+  }
+  __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+// 16 E4M3 -> fp32 through the hardware fp8x2 -> half2 conversion (exact), fp32 FMA.
+struct Fp8Dot {
+  static constexpr int kElems = 16, kUnroll = 8;
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
+    float a0[NR], a1[NR];
+    zero(a0);
+    zero(a1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float4 x = x4[i];
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        std::uint32_t u = word(v[n], i);
+        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u & 0xFFFFu), __NV_E4M3);
+        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u >> 16), __NV_E4M3);
+        float2 fl = __half22float2(__half2(lo)), fh = __half22float2(__half2(hi));
+        a0[n] = fmaf(fl.x, x.x, a0[n]);
+        a1[n] = fmaf(fl.y, x.y, a1[n]);
+        a0[n] = fmaf(fh.x, x.z, a0[n]);
+        a1[n] = fmaf(fh.y, x.w, a1[n]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
+  }
+};
+
+template <>
+struct FastOps<quant::Fp8Block> : Fp8Dot {
+  // chunk j covers columns [16j, 16j+16): inside one 128-column block
+  __device__ static float chunk_scale(void const* s, MatrixArgs const& m, std::int64_t r, int j) {
+    return __ldg(static_cast<float const*>(s) + (r >> 7) * ((m.cols + 127) >> 7) + (j >> 3));
+  }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+template <>
+struct FastOps<quant::Fp8Row> : Fp8Dot {
+  __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
+  __device__ static float row_scale(void const* s, std::int64_t r) { return __ldg(static_cast<float const*>(s) + r); }
+};
+
+// MXFP4: a chunk = 32 elements = one scale block. E2M1 codes become halves by placing the code's bits in a half's
+// exponent/mantissa (value * 2^-14, exact, subnormals included); the 2^14 is folded into the block scale.
+template <>
+struct FastOps<quant::Mxfp4> {
+  static constexpr int kElems = 32, kUnroll = 4;
+  __device__ static float2 pair(std::uint32_t h) {
+    __half2_raw r;
+    r.x = std::uint16_t(h & 0xFFFFu);
+    r.y = std::uint16_t(h >> 16);
+    return __half22float2(__half2(r));
+  }
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
+    float a0[NR], a1[NR];
+    zero(a0);
+    zero(a1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {       // 32-bit word i: elements 8i..8i+7
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {  // bytes 2hb, 2hb+1: elements 8i+4hb .. +3
+        float4 x = x4[2 * i + hb];
+#pragma unroll
+        for (int n = 0; n < NR; ++n) {
+          std::uint32_t w = word(v[n], i);
+          // byte 2hb in bits 0..7, byte 2hb+1 in bits 16..23
+          std::uint32_t t = __byte_perm(w, 0u, hb == 0 ? 0x4140u : 0x4342u);
+          std::uint32_t lo = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);  // elements 0, 2
+          std::uint32_t hi = ((t & 0x00700070u) << 5) | ((t & 0x00800080u) << 8);   // elements 1, 3
+          float2 fl = pair(lo), fh = pair(hi);
+          a0[n] = fmaf(fl.x, x.x, a0[n]);
+          a1[n] = fmaf(fh.x, x.y, a1[n]);
+          a0[n] = fmaf(fl.y, x.z, a0[n]);
+          a1[n] = fmaf(fh.y, x.w, a1[n]);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
+  }
+  __device__ static float chunk_scale(void const* s, MatrixArgs const& m, std::int64_t r, int j) {
+    return ue8m0_float(__ldg(static_cast<std::uint8_t const*>(s) + r * (m.cols >> 5) + j)) * 16384.0f;
+  }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+// ---- one warp, NR rows ----------------------------------------------------------------------------------
+// Lane partial sums (not yet reduced across the warp) of rows r[n] of the matrices whose storage and scales start
+// at data[n], scales[n] (all of shape m), against the staged input xs. Rows with valid[n] false contribute 0.
+template <class P, class Enable = void>
+struct RowDot {  // generic: P::decode, element by element
+  static constexpr bool kFast = false;
+  template <int NR>
+  __device__ static void lane_dot(void const* const (&data)[NR], void const* const (&scales)[NR],
+                                  std::int64_t const (&r)[NR], bool const (&valid)[NR], MatrixArgs const& m,
+                                  float const* xs, float (&acc)[NR]) {
+    using S = typename P::storage_type;
+    using Sc = typename P::scale_type;
+    int const lane = threadIdx.x & 31;
+    for (std::int64_t c = lane; c < m.cols; c += 32) {
+      float const xv = xs[xpad(int(c))];
+#pragma unroll
+      for (int n = 0; n < NR; ++n)
+        if (valid[n])
+          acc[n] += P::decode(static_cast<S const*>(data[n]), static_cast<Sc const*>(scales[n]), m.rows, m.cols, r[n], c) * xv;
+    }
+  }
+  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+};
+
+template <class P>
+struct RowDot<P, std::enable_if_t<has_fast_kernel<P>>> {
+  static constexpr bool kFast = true;
+  using Ops = FastOps<P>;
+  using S = typename P::storage_type;
+  static constexpr int kElems = Ops::kElems, kUnroll = Ops::kUnroll;
+
+  template <int NR>
+  __device__ static void lane_dot(void const* const (&data)[NR], void const* const (&scales)[NR],
+                                  std::int64_t const (&r)[NR], bool const (&valid)[NR], MatrixArgs const& m,
+                                  float const* xs, float (&acc)[NR]) {
+    int const lane = threadIdx.x & 31;
+    int const nchunks = int(m.ld * std::int64_t(sizeof(S)) / 16);
+    uint4 const* rowp[NR];
+#pragma unroll
+    for (int n = 0; n < NR; ++n)
+      rowp[n] = reinterpret_cast<uint4 const*>(static_cast<char const*>(data[n]) + r[n] * m.ld * std::int64_t(sizeof(S)));
+    for (int base = lane; base < nchunks; base += 32 * kUnroll) {
+      uint4 v[kUnroll][NR];
+      float sc[kUnroll][NR];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        int const j = base + 32 * u;
+#pragma unroll
+        for (int n = 0; n < NR; ++n) {
+          bool const ok = j < nchunks && valid[n];
+          v[u][n] = ok ? ld_stream(rowp[n] + j) : make_uint4(0, 0, 0, 0);
+          sc[u][n] = ok ? Ops::chunk_scale(scales[n], m, r[n], j) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        int const j = base + 32 * u;
+        if (j < nchunks) {
+          float d[NR];
+          Ops::template dot<NR>(v[u], xs + xpad(j * kElems), d);
+#pragma unroll
+          for (int n = 0; n < NR; ++n) acc[n] = fmaf(sc[u][n], d[n], acc[n]);
+        }
+      }
+    }
+  }
+  __device__ static float row_scale(void const* s, std::int64_t r) { return Ops::row_scale(s, r); }
+};
+
+// Input elements to stage for a matrix: the padded row in the fast layout, cols otherwise.
+template <class P>
+__host__ __device__ constexpr std::int64_t staged_elems(MatrixArgs const& m) {
+  if constexpr (has_fast_kernel<P>)
+    return m.ld * std::int64_t(sizeof(typename P::storage_type)) / 16 * FastOps<P>::kElems;
+  else
+    return m.cols;
+}
+
+// ---- kernel template keys ------------------------------------------------------------------------------------
+// nvcc 13.0's host stub cannot spell a __global__ template instantiated on quant::Plain<T, kName> (a pointer to a
+// char array as template argument), nor any typedef that names it, so kernels are instantiated on a key returned
+// by make_key<P>() (deduced, so the stub sees PlainKey<N>) and map it back with policy_of.
+template <int kId>
+struct PlainKey {};
+template <class P>
+constexpr auto make_key() {
+  if constexpr (std::is_same_v<P, quant::Bf16>) return PlainKey<1>{};
+  else if constexpr (std::is_same_v<P, quant::F16>) return PlainKey<2>{};
+  else if constexpr (std::is_same_v<P, quant::F32>) return PlainKey<3>{};
+  else return P{};
+}
+template <class K> struct PolicyOf { using type = K; };
+template <> struct PolicyOf<PlainKey<1>> { using type = quant::Bf16; };
+template <> struct PolicyOf<PlainKey<2>> { using type = quant::F16; };
+template <> struct PolicyOf<PlainKey<3>> { using type = quant::F32; };
+template <class K> using policy_of = typename PolicyOf<K>::type;
+
+// ---- the matvec kernel -------------------------------------------------------------------------------------
+struct MultiArgs {
+  MatrixArgs m[kMaxMultiMatrices];
+  std::int64_t task_begin[kMaxMultiMatrices + 1];  // prefix sums of tasks (NR rows each)
+  std::int64_t row_begin[kMaxMultiMatrices + 1];   // prefix sums of rows = output offsets
+  int count = 0;
+};
+
+struct ArgmaxArgs {
+  unsigned long long* key = nullptr;  // best (ordered logit << 32 | ~id); null: no argmax
+  unsigned int* counter = nullptr;
+  int* out = nullptr;
+};
+
+// Orders floats as unsigned integers (larger float, larger key); NaN sorts above everything.
+__device__ __forceinline__ std::uint32_t ordered_bits(float f) {
+  std::uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ unsigned long long argmax_key(float v, std::int64_t id) {
+  return (static_cast<unsigned long long>(ordered_bits(v)) << 32) | (0xFFFFFFFFu - std::uint32_t(id));
+}
+__device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    unsigned long long t = __shfl_xor_sync(0xffffffffu, v, o);
+    v = t > v ? t : v;
+  }
+  return v;
+}
+
+template <class P>
+inline constexpr int kMatvecRows = 2;  // rows per warp task
+
+template <class K, int NR>
+__global__ void __launch_bounds__(kThreads) matvec_kernel(MultiArgs a, float const* __restrict__ x, float* y,
+                                                          float const* residual, ArgmaxArgs am) {
+  using P = policy_of<K>;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  stage_x(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]));
+  __syncthreads();
+
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  std::int64_t const total = a.task_begin[a.count];
+  unsigned long long best = 0;
+  for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
+    int i = 0;
+    while (t >= a.task_begin[i + 1]) ++i;
+    MatrixArgs const& m = a.m[i];
+    std::int64_t const r0 = (t - a.task_begin[i]) * NR;
+    void const* data[NR];
+    void const* scales[NR];
+    std::int64_t r[NR];
+    bool valid[NR];
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      data[n] = m.data;
+      scales[n] = m.scales;
+      valid[n] = r0 + n < m.rows;
+      r[n] = valid[n] ? r0 + n : r0;
+    }
+    float acc[NR];
+    zero(acc);
+    RowDot<P>::template lane_dot<NR>(data, scales, r, valid, m, xs, acc);
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      float v = warp_sum(acc[n]) * RowDot<P>::row_scale(m.scales, r[n]);
+      std::int64_t const out = a.row_begin[i] + r[n];
+      if (valid[n]) {
+        if (residual) v += residual[out];
+        if (lane == 0) y[out] = v;
+        if (am.key) {
+          unsigned long long k = argmax_key(v, out);
+          best = k > best ? k : best;
+        }
+      }
+    }
+  }
+  if (am.key) {  // block maximum, one atomic per block; the last block publishes the id and re-arms the workspace
+    __shared__ unsigned long long s_best[kWarps];
+    __shared__ bool s_last;
+    if (lane == 0) s_best[warp] = best;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long b = 0;
+      for (int w = 0; w < kWarps; ++w) b = s_best[w] > b ? s_best[w] : b;
+      atomicMax(am.key, b);
+      __threadfence();
+      s_last = atomicAdd(am.counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (s_last && threadIdx.x == 0) {
+      __threadfence();
+      unsigned long long k = atomicExch(am.key, 0ull);
+      *am.out = int(0xFFFFFFFFu - std::uint32_t(k & 0xFFFFFFFFu));
+      *am.counter = 0u;
+    }
+  }
+}
+
+// ---- host side -------------------------------------------------------------------------------------------
+inline int sm_count() {
+  static int n = [] {
+    int dev = 0, c = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) c = 132;
+    return c;
+  }();
+  return n;
+}
+
+// Blocks of a persistent grid: as many as fit at once (all resident), no more than there is work for.
+template <class Kernel>
+inline cudaError_t persistent_grid(Kernel k, std::size_t smem, std::int64_t work_blocks, int& blocks) {
+  if (smem > 48 * 1024) {
+    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) return e;
+  }
+  int per_sm = 0;
+  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem);
+  if (e != cudaSuccess) return e;
+  std::int64_t cap = std::int64_t(per_sm > 0 ? per_sm : 1) * sm_count();
+  blocks = int(work_blocks < cap ? (work_blocks > 0 ? work_blocks : 1) : cap);
+  return cudaSuccess;
+}
+
+// The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
+// has to spell quant::Plain<...> (see make_key).
+template <class K>
+cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, float* y, float const* residual, ArgmaxArgs am,
+                                cudaStream_t stream) {
+  using P = policy_of<K>;
+  constexpr int NR = kMatvecRows<P>;
+  std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
+  auto kernel = matvec_kernel<K, NR>;
+  int blocks = 0;
+  std::int64_t const total = a.task_begin[a.count];
+  cudaError_t e = persistent_grid(kernel, smem, (total + kWarps - 1) / kWarps, blocks);
+  if (e != cudaSuccess) return e;
+  kernel<<<blocks, kThreads, smem, stream>>>(a, x, y, residual, am);
+  return cudaGetLastError();
+}
+template <class P>
+cudaError_t launch_matvec_args(MultiArgs const& a, float const* x, float* y, float const* residual, ArgmaxArgs am,
+                               cudaStream_t stream) {
+  return launch_matvec_keyed(make_key<P>(), a, x, y, residual, am, stream);
+}
+
+template <class P>
+MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, bool& ok) {
+  constexpr int NR = kMatvecRows<P>;
+  MultiArgs a{};
+  a.count = count;
+  ok = count > 0 && count <= kMaxMultiMatrices;
+  if (!ok) return a;
+  for (int i = 0; i < count; ++i) {
+    a.m[i] = ws[i]->args();
+    ok = ok && !ws[i]->empty() && ws[i]->cols() == ws[0]->cols();
+    a.task_begin[i + 1] = a.task_begin[i] + (ws[i]->rows() + NR - 1) / NR;
+    a.row_begin[i + 1] = a.row_begin[i] + ws[i]->rows();
+  }
+  return a;
+}
+
+}  // namespace ling::cuda::kernels
+
+namespace ling::cuda {
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec(DeviceMatrix<P> const& w, float const* x, float* y, cudaStream_t stream,
+                          MatvecEpilogue epilogue) {
+  DeviceMatrix<P> const* one[1] = {&w};
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(one, 1, ok);
+  if (!ok) return cudaErrorInvalidValue;
+  return kernels::launch_matvec_args<P>(a, x, y, epilogue.residual, {}, stream);
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                cudaStream_t stream) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), ok);
+  if (!ok) return cudaErrorInvalidValue;
+  return kernels::launch_matvec_args<P>(a, x, y, nullptr, {}, stream);
+}
+
+}  // namespace ling::cuda

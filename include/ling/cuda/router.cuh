@@ -1,0 +1,177 @@
+#pragma once
+// Router kernel (declarations in router.hpp; spec §2 "MoE FFN"). nvcc only.
+// All blocks compute logits (two rows per warp task, like the matvec); the last block to finish (a counter after
+// a fence) does the grouped top-k selection in shared memory and re-arms the counter for the next launch.
+#include <cuda_runtime.h>
+
+#include "ling/cuda/linear.cuh"
+#include "ling/cuda/router.hpp"
+
+namespace ling::cuda::kernels {
+
+struct RouterArgs {
+  MatrixArgs w;
+  float const* bias;
+  float* logits;
+  unsigned int* counter;
+  int* idx;
+  float* weights;
+  int top_k, n_group, topk_group;
+  float routed_scaling;
+  int norm_topk_prob;
+};
+
+__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, unsigned long long* scratch) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max_u64(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  unsigned long long b = 0;
+  for (int w = 0; w < kWarps; ++w) b = scratch[w] > b ? scratch[w] : b;
+  return b;
+}
+
+__device__ inline void router_select(RouterArgs const& a) {
+  __shared__ float s_score[kRouterMaxExperts];
+  __shared__ float s_sel[kRouterMaxExperts];
+  __shared__ float s_group[kRouterMaxGroups];
+  __shared__ unsigned char s_keep[kRouterMaxGroups];
+  __shared__ unsigned long long s_red[kWarps];
+  __shared__ int s_chosen[kRouterMaxTopK];
+  int const E = int(a.w.rows), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float const ninf = __uint_as_float(0xFF800000u);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    float const l = __ldcg(a.logits + e);  // written by other blocks: bypass L1
+    float const s = 1.0f / (1.0f + expf(-l));
+    s_score[e] = s;
+    s_sel[e] = s + (a.bias ? a.bias[e] : 0.f);
+  }
+  __syncthreads();
+  int const gsize = E / a.n_group;
+  bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
+  if (grouped) {
+    // group score = sum of the two largest biased scores of the group (one warp per group)
+    for (int g = warp; g < a.n_group; g += kWarps) {
+      float b1 = ninf, b2 = ninf;
+      for (int i = lane; i < gsize; i += 32) {
+        float v = s_sel[g * gsize + i];
+        if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) b2 = v;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+        float n1 = fmaxf(b1, o1);
+        float n2 = fmaxf(fminf(b1, o1), fmaxf(b2, o2));
+        b1 = n1;
+        b2 = n2;
+      }
+      if (lane == 0) s_group[g] = gsize >= 2 ? b1 + b2 : b1;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // keep the topk_group best groups (ties: lower index)
+      for (int g = 0; g < a.n_group; ++g) s_keep[g] = 0;
+      for (int k = 0; k < a.topk_group; ++k) {
+        int best = -1;
+        for (int g = 0; g < a.n_group; ++g)
+          if (!s_keep[g] && (best < 0 || s_group[g] > s_group[best])) best = g;
+        s_keep[best] = 1;
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+      if (!s_keep[e / gsize]) s_sel[e] = ninf;
+    __syncthreads();
+  }
+  for (int k = 0; k < a.top_k; ++k) {
+    unsigned long long best = 0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      unsigned long long key = argmax_key(s_sel[e], e);
+      best = key > best ? key : best;
+    }
+    best = block_max_u64(best, s_red);
+    if (threadIdx.x == 0) {
+      int const e = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+      s_chosen[k] = e;
+      s_sel[e] = __uint_as_float(0xFFFFFFFFu);  // -NaN: orders below -inf, never chosen again
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.f;
+    for (int k = 0; k < a.top_k; ++k) sum += s_score[s_chosen[k]];
+    for (int k = 0; k < a.top_k; ++k) {
+      float w = s_score[s_chosen[k]];
+      if (a.norm_topk_prob) w /= (sum + 1e-20f);
+      a.idx[k] = s_chosen[k];
+      a.weights[k] = w * a.routed_scaling;
+    }
+    *a.counter = 0u;
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float const* __restrict__ u) {
+  using P = policy_of<K>;
+  constexpr int NR = 2;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  stage_x(xs, u, a.w.cols, staged_elems<P>(a.w));
+  __syncthreads();
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  std::int64_t const tasks = (a.w.rows + NR - 1) / NR;
+  for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps) {
+    void const* data[NR] = {a.w.data, a.w.data};
+    void const* scales[NR] = {a.w.scales, a.w.scales};
+    std::int64_t r[NR];
+    bool valid[NR];
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      valid[n] = t * NR + n < a.w.rows;
+      r[n] = valid[n] ? t * NR + n : t * NR;
+    }
+    float acc[NR] = {0.f, 0.f};
+    RowDot<P>::template lane_dot<NR>(data, scales, r, valid, a.w, xs, acc);
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      float v = warp_sum(acc[n]) * RowDot<P>::row_scale(a.w.scales, r[n]);
+      if (valid[n] && lane == 0) a.logits[r[n]] = v;
+    }
+  }
+  __shared__ bool s_last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) s_last = atomicAdd(a.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  router_select(a);
+}
+
+template <class K>
+cudaError_t launch_router_keyed(K, RouterArgs const& a, float const* u, cudaStream_t stream) {
+  using P = policy_of<K>;
+  std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.w))) * sizeof(float);
+  auto kernel = router_kernel<K>;
+  int blocks = 0;
+  cudaError_t e = persistent_grid(kernel, smem, (a.w.rows / 2 + kWarps) / kWarps, blocks);
+  if (e != cudaSuccess) return e;
+  kernel<<<blocks, kThreads, smem, stream>>>(a, u);
+  return cudaGetLastError();
+}
+
+}  // namespace ling::cuda::kernels
+
+namespace ling::cuda {
+
+template <quant::weight_policy P>
+cudaError_t launch_router(DeviceMatrix<P> const& w, float const* expert_bias, float const* u, RouterParams const& p,
+                          RouterWorkspace const& ws, int* idx, float* weights, cudaStream_t stream) {
+  using namespace kernels;
+  if (w.empty() || !can_implement_router(w.rows(), p).is_ok() || ws.experts() < w.rows()) return cudaErrorInvalidValue;
+  RouterArgs a{w.args(), expert_bias, ws.logits(), ws.counter(), idx, weights, p.top_k, p.n_group, p.topk_group,
+               p.routed_scaling, p.norm_topk_prob ? 1 : 0};
+  return launch_router_keyed(make_key<P>(), a, u, stream);
+}
+
+}  // namespace ling::cuda

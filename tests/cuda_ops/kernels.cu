@@ -1,0 +1,46 @@
+// Explicit instantiations of the cuda-ops launchers the doctest files (.cpp, compiled by the host compiler) call.
+#include "int8_row_policy.hpp"
+#include "ling/cuda/bandwidth.cuh"
+#include "ling/cuda/linear.cuh"
+#include "ling/cuda/lm_head.cuh"
+#include "ling/cuda/moe.cuh"
+#include "ling/cuda/router.cuh"
+
+namespace ling::cuda {
+
+#define LING_TEST_MATVEC(P)                                                                                      \
+  template cudaError_t launch_matvec<P>(DeviceMatrix<P> const&, float const*, float*, cudaStream_t, MatvecEpilogue); \
+  template cudaError_t launch_matvec_multi<P>(std::span<DeviceMatrix<P> const* const>, float const*, float*, cudaStream_t);
+LING_TEST_MATVEC(quant::Bf16)
+LING_TEST_MATVEC(quant::F16)
+LING_TEST_MATVEC(quant::F32)
+LING_TEST_MATVEC(quant::Fp8Block)
+LING_TEST_MATVEC(quant::Fp8Row)
+LING_TEST_MATVEC(quant::Mxfp4)
+LING_TEST_MATVEC(test::Int8Row)
+#undef LING_TEST_MATVEC
+
+template cudaError_t launch_router<quant::Bf16>(DeviceMatrix<quant::Bf16> const&, float const*, float const*,
+                                                RouterParams const&, RouterWorkspace const&, int*, float*, cudaStream_t);
+template cudaError_t launch_router<quant::F32>(DeviceMatrix<quant::F32> const&, float const*, float const*,
+                                               RouterParams const&, RouterWorkspace const&, int*, float*, cudaStream_t);
+
+#define LING_TEST_MOE(PE, PS)                                                                                         \
+  template cudaError_t launch_moe_gate_up<PE, PS>(MoeWeights<PE, PS> const&, MoeStep const&, float const*, float*, \
+                                                  cudaStream_t);                                                    \
+  template cudaError_t launch_moe_down<PE, PS>(MoeWeights<PE, PS> const&, MoeStep const&, float const*, float const*, \
+                                               float*, cudaStream_t);
+LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
+LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)
+LING_TEST_MOE(quant::Bf16, quant::Bf16)
+LING_TEST_MOE(test::Int8Row, quant::Bf16)
+#undef LING_TEST_MOE
+
+template DeviceMatrix<quant::Fp8Row> quantize_fp8_rows<quant::Bf16>(DeviceMatrix<quant::Bf16> const&, cudaStream_t);
+template cudaError_t launch_lm_head<quant::Fp8Row>(DeviceMatrix<quant::Fp8Row> const&, float const*, float*, int*,
+                                                   ArgmaxWorkspace const*, cudaStream_t);
+template cudaError_t launch_lm_head<quant::Bf16>(DeviceMatrix<quant::Bf16> const&, float const*, float*, int*,
+                                                 ArgmaxWorkspace const*, cudaStream_t);
+template BandwidthResult measure_read_bandwidth<16>(std::size_t, int);
+
+}  // namespace ling::cuda
