@@ -361,6 +361,21 @@ TEST_CASE("gates and l2norm: known values") {
   CHECK(ling::cpu::kda_safe_gate(-100.0f, 0.0f, -5.0f) == doctest::Approx(0.0));
   CHECK(ling::cpu::kda_softplus_gate(0.0f, std::log(2.0f)) == doctest::Approx(-2.0 * std::log(2.0)));
   CHECK(ling::cpu::kda_softplus_gate(30.0f, 0.0f) == doctest::Approx(-30.0));
+  // The row form agrees with the scalar gates (both kinds, including softplus's linear branch above 20).
+  for (bool safe : {true, false}) {
+    KdaCoreConfig cfg{2, 4};
+    cfg.safe_gate = safe;
+    std::vector<float> const a_log = {0.3f, 2.0f}, dt = {0.1f, -0.2f, 0.3f, 0.0f, 1.0f, -1.0f, 0.5f, 2.0f};
+    std::vector<float> const f = {-30.0f, -1.0f, 0.0f, 0.5f, 1.0f, 5.0f, 19.5f, 25.0f};
+    std::vector<float> g(8);
+    ling::cpu::kda_gates(cfg, a_log.data(), dt.data(), 1, f.data(), g.data());
+    for (int i = 0; i < 8; ++i) {
+      float const x = f[i] + dt[i], a = a_log[i / 4];
+      double const want = safe ? ling::cpu::kda_safe_gate(x, a, -5.0f) : ling::cpu::kda_softplus_gate(x, a);
+      CHECK(g[i] == doctest::Approx(want).epsilon(1e-6));
+      CHECK(g[i] <= 0.0f);
+    }
+  }
   float v[2] = {3.0f, 4.0f};
   ling::cpu::l2norm(v, 2);
   CHECK(v[0] == doctest::Approx(3.0 / std::sqrt(25.0 + 1e-6)));

@@ -130,17 +130,23 @@ inline float kda_safe_gate(float x, float a_log, float lower_bound) noexcept {
 // Kimi gate of one channel: x = f + dt_bias; result <= 0, unbounded below.
 inline float kda_softplus_gate(float x, float a_log) noexcept { return -std::exp(a_log) * softplus(x); }
 
-// Log-decay gates for T tokens: g[t, h*K + d] from f[t, h*K + d] (both [T, P]).
+// Log-decay gates for T tokens: g[t, h*K + d] from f[t, h*K + d] (both [T, P]); the same formulas as the scalar
+// gates above, written on Eigen arrays so the exponentials vectorize.
 inline void kda_gates(KdaCoreConfig const& cfg, float const* a_log, float const* dt_bias, std::int64_t tokens,
                       float const* f, float* g) {
   std::int64_t const k = cfg.head_dim, p = cfg.width();
+  Eigen::ArrayXf x(k);
   for (std::int64_t t = 0; t < tokens; ++t)
-    for (std::int64_t h = 0; h < cfg.heads; ++h)
-      for (std::int64_t d = 0; d < k; ++d) {
-        std::int64_t const i = t * p + h * k + d;
-        float const x = f[i] + dt_bias[h * k + d];
-        g[i] = cfg.safe_gate ? kda_safe_gate(x, a_log[h], cfg.lower_bound) : kda_softplus_gate(x, a_log[h]);
-      }
+    for (std::int64_t h = 0; h < cfg.heads; ++h) {
+      std::int64_t const i = t * p + h * k;
+      float const rate = std::exp(a_log[h]);
+      x = Eigen::Map<Eigen::ArrayXf const>(f + i, k) + Eigen::Map<Eigen::ArrayXf const>(dt_bias + h * k, k);
+      Eigen::Map<Eigen::ArrayXf> out(g + i, k);
+      if (cfg.safe_gate)
+        out = cfg.lower_bound / (1.0f + (-rate * x).exp());
+      else
+        out = -rate * (x > 20.0f).select(x, x.min(20.0f).exp().log1p());
+    }
 }
 
 // In place: x <- scale * x / sqrt(sum x^2 + eps) over n elements (fp32 sum).
@@ -151,13 +157,12 @@ inline void l2norm(float* x, std::int64_t n, float scale = 1.0f, float eps = kKd
   for (std::int64_t i = 0; i < n; ++i) x[i] *= r;
 }
 
-// out = RMSNorm_V(o; weight, eps) * sigmoid(gate) over one head of n channels (out may alias o).
+// out = RMSNorm_V(o; weight, eps) * sigmoid(gate) over one head of n channels (out may alias o or gate).
 inline void kda_gated_rms_norm(float const* o, float const* weight, float const* gate, std::int64_t n, float eps,
-                               float* out) noexcept {
-  float ss = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) ss += o[i] * o[i];
-  float const r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (std::int64_t i = 0; i < n; ++i) out[i] = weight[i] * (o[i] * r) * sigmoid(gate[i]);
+                               float* out) {
+  Eigen::Map<Eigen::ArrayXf const> const ov(o, n), wv(weight, n), gv(gate, n);
+  float const r = 1.0f / std::sqrt(ov.square().sum() / static_cast<float>(n) + eps);
+  Eigen::Map<Eigen::ArrayXf>(out, n) = wv * (ov * r) / (1.0f + (-gv).exp());
 }
 
 namespace detail {
@@ -320,6 +325,7 @@ inline void kda_forward_recurrent(KdaCoreConfig const& cfg, KdaCoreWeights const
   std::int64_t const p = cfg.width(), kd = cfg.head_dim, h_n = cfg.heads;
   std::vector<float> o(static_cast<std::size_t>(T * p));
   Eigen::RowVectorXf kv(kd), u(kd), acc(kd);
+  std::vector<float> decay(static_cast<std::size_t>(kd));
   for (std::int64_t h = 0; h < h_n; ++h) {  // head-outer: the head's K x V state stays in cache across tokens
     float* s = state.s.data() + h * kd * kd;
     for (std::int64_t t = 0; t < T; ++t) {
@@ -329,17 +335,15 @@ inline void kda_forward_recurrent(KdaCoreConfig const& cfg, KdaCoreWeights const
       float const* v = in.v.data() + base;
       float const* gg = in.g.data() + base;
       float const beta = in.beta[static_cast<std::size_t>(t * h_n + h)];
+      for (std::int64_t i = 0; i < kd; ++i) decay[i] = std::exp(gg[i]);
       kv.setZero();
-      for (std::int64_t i = 0; i < kd; ++i) {  // decay and S^T k in one pass over the state
-        Eigen::Map<Eigen::RowVectorXf> row(s + i * kd, kd);
-        row *= std::exp(gg[i]);
-        kv += k[i] * row;
-      }
+      for (std::int64_t i = 0; i < kd; ++i)  // (Diag(e^g) S)^T k: a read-only pass over the state
+        kv += (decay[i] * k[i]) * Eigen::Map<Eigen::RowVectorXf const>(s + i * kd, kd);
       u = beta * (Eigen::Map<Eigen::RowVectorXf const>(v, kd) - kv);
       acc.setZero();
-      for (std::int64_t i = 0; i < kd; ++i) {  // rank-1 update and S^T q in a second pass
+      for (std::int64_t i = 0; i < kd; ++i) {  // decay, rank-1 update and S^T q in one read-write pass
         Eigen::Map<Eigen::RowVectorXf> row(s + i * kd, kd);
-        row += k[i] * u;
+        row = decay[i] * row + k[i] * u;
         acc += q[i] * row;
       }
       Eigen::Map<Eigen::RowVectorXf>(o.data() + base, kd) = acc;
