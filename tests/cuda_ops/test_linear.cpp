@@ -1,0 +1,119 @@
+// GPU matvec against the CPU backend's linear (cpu/linear.hpp) on fresh random inputs, with tails: cols not a
+// multiple of the 16-byte chunk or of the FP8 block, rows not a multiple of the warp task, a single row; outputs
+// poisoned before each run. Also the repack round trip, the fused multi-matvec, the residual epilogue, and a policy
+// defined in the test (generic kernel).
+#include <doctest/doctest.h>
+
+#include <cstring>
+
+#include "ling/cpu/linear.hpp"
+#include "util.hpp"
+
+using namespace ling;
+using namespace ling::test_ops;
+
+namespace {
+
+template <class P>
+std::vector<double> cpu_matvec(HostMatrix<P> const& m, std::vector<float> const& x) {
+  using L = layers::Linear<quant::PolicyList<P>>;
+  L l = L::view(m.view());
+  cpu::Matrix xm = Eigen::Map<cpu::Matrix const>(x.data(), 1, m.cols);
+  cpu::Matrix y = cpu::linear(l, xm);
+  std::vector<double> out(static_cast<std::size_t>(m.rows));
+  for (std::int64_t r = 0; r < m.rows; ++r) out[static_cast<std::size_t>(r)] = y(0, r);
+  return out;
+}
+
+struct Shape {
+  std::int64_t rows, cols;
+};
+constexpr Shape kShapes[] = {{1, 64}, {37, 203}, {129, 1043}, {300, 2560}, {3, 4099}};
+
+}  // namespace
+
+#define LING_POLICIES quant::Bf16, quant::F16, quant::F32, quant::Fp8Block, quant::Fp8Row, quant::Mxfp4, test::Int8Row
+
+TEST_CASE_TEMPLATE("repack round trip: host and through the device", P, LING_POLICIES) {
+  for (Shape s : kShapes) {
+    auto m = random_matrix<P>(s.rows, fit_cols<P>(s.cols));
+    cuda::PackedMatrix<P> p = cuda::repack(m.view());
+    auto back = cuda::unpack(p);
+    REQUIRE(back.size() == m.data.size());
+    CHECK(std::memcmp(back.data(), m.data.data(), back.size() * sizeof(back[0])) == 0);
+    if constexpr (cuda::has_fast_kernel<P>) CHECK((p.ld * std::int64_t(sizeof(back[0]))) % 16 == 0);
+    if (!cuda::device_available()) continue;
+    auto d = cuda::DeviceMatrix<P>::upload(m.view());
+    std::vector<typename P::storage_type> st;
+    std::vector<typename P::scale_type> sc;
+    d.download(0, st, sc);
+    CHECK(std::memcmp(st.data(), m.data.data(), st.size() * sizeof(st[0])) == 0);
+    if (!m.scales.empty()) CHECK(std::memcmp(sc.data(), m.scales.data(), sc.size() * sizeof(sc[0])) == 0);
+  }
+}
+
+TEST_CASE_TEMPLATE("matvec matches the CPU linear (tails, poisoned outputs)", P, LING_POLICIES) {
+  LING_REQUIRE_GPU();
+  for (Shape s : kShapes) {
+    std::int64_t const cols = fit_cols<P>(s.cols);
+    CAPTURE(s.rows);
+    CAPTURE(cols);
+    auto m = random_matrix<P>(s.rows, cols, 0.05f);
+    auto d = cuda::DeviceMatrix<P>::upload(m.view());
+    auto x = randn(static_cast<std::size_t>(cols));
+    DeviceVec dx(x), dy(static_cast<std::size_t>(s.rows));
+    REQUIRE(cuda::launch_matvec(d, dx.data(), dy.data(), nullptr) == cudaSuccess);
+    device_sync();
+    auto ref = cpu_matvec(m, x);
+    double err = rel_l2(dy.get(), ref);
+    CHECK(err < 1e-5);
+
+    // epilogue: y = W x + residual, in place (residual aliases y)
+    auto res = randn(static_cast<std::size_t>(s.rows));
+    DeviceVec dr(res);
+    REQUIRE(cuda::launch_matvec(d, dx.data(), dr.data(), nullptr, cuda::MatvecEpilogue{dr.data()}) == cudaSuccess);
+    device_sync();
+    for (std::size_t i = 0; i < ref.size(); ++i) ref[i] += res[i];
+    CHECK(rel_l2(dr.get(), ref) < 1e-5);
+  }
+}
+
+TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outputs concatenated", P, quant::Fp8Block,
+                   quant::Mxfp4, quant::Bf16, test::Int8Row) {
+  LING_REQUIRE_GPU();
+  for (std::int64_t cols : {std::int64_t(203), std::int64_t(2560)}) {
+    cols = fit_cols<P>(cols);
+    std::int64_t const rows[] = {5, 130, 1, 33};
+    std::vector<HostMatrix<P>> hm;
+    std::vector<cuda::DeviceMatrix<P>> dm;
+    for (auto r : rows) {
+      hm.push_back(random_matrix<P>(r, cols, 0.05f));
+      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
+    }
+    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
+    for (auto& d : dm) ptrs.push_back(&d);
+    auto x = randn(static_cast<std::size_t>(cols));
+    DeviceVec dx(x), dy(5 + 130 + 1 + 33);
+    REQUIRE(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(), nullptr) ==
+            cudaSuccess);
+    device_sync();
+    std::vector<double> ref;
+    for (auto& m : hm) {
+      auto part = cpu_matvec(m, x);
+      ref.insert(ref.end(), part.begin(), part.end());
+    }
+    CHECK(rel_l2(dy.get(), ref) < 1e-5);
+  }
+}
+
+TEST_CASE("matvec refuses an empty matrix and a multi-matvec of mismatched cols") {
+  LING_REQUIRE_GPU();
+  cuda::DeviceMatrix<quant::Bf16> empty;
+  DeviceVec v(16);
+  CHECK(cuda::launch_matvec(empty, v.data(), v.data(), nullptr) == cudaErrorInvalidValue);
+  auto a = cuda::DeviceMatrix<quant::Bf16>::upload(random_matrix<quant::Bf16>(4, 16).view());
+  auto b = cuda::DeviceMatrix<quant::Bf16>::upload(random_matrix<quant::Bf16>(4, 24).view());
+  cuda::DeviceMatrix<quant::Bf16> const* ab[] = {&a, &b};
+  CHECK(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<quant::Bf16> const* const>(ab), v.data(), v.data(),
+                                  nullptr) == cudaErrorInvalidValue);
+}
