@@ -167,8 +167,8 @@ RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<f
   return r;
 }
 
-std::vector<float> moe(std::vector<HostMatrix> const& gate_up, std::vector<HostMatrix> const& dn, HostMatrix const* shared_gu,
-                       HostMatrix const* shared_dn, std::vector<float> const& x, std::vector<float> const& norm_w,
+std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
+                       std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
                        std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
                        std::vector<float> const& residual) {
   auto stack = [](std::vector<HostMatrix> const& ms, bool scales) {
@@ -179,27 +179,27 @@ std::vector<float> moe(std::vector<HostMatrix> const& gate_up, std::vector<HostM
     }
     return v;
   };
-  std::int64_t hidden = int(x.size());
-  auto gu_w = up(stack(gate_up, false)), gu_s = up(stack(gate_up, true)), dn_w = up(stack(dn, false)), dn_s = up(stack(dn, true));
-  std::unique_ptr<DevMatrix> sgu, sdn;
-  if (shared_gu) {
-    sgu = std::make_unique<DevMatrix>(*shared_gu);
-    sdn = std::make_unique<DevMatrix>(*shared_dn);
-  }
+  std::int64_t hidden = std::int64_t(x.size());
+  auto g_w = up(stack(gate, false)), g_s = up(stack(gate, true)), u_w = up(stack(upm, false)), u_s = up(stack(upm, true));
+  auto dn_w = up(stack(dn, false)), dn_s = up(stack(dn, true));
+  std::vector<std::unique_ptr<DevMatrix>> sh;
+  for (auto const& m : shared) sh.push_back(std::make_unique<DevMatrix>(m));
   auto dx = up(x), dnw = up(norm_w), didx = up(idx), dwts = up(wts), dres = up(residual);
   int top_k = int(idx.size());
-  int inter = gate_up.empty() ? 0 : int(gate_up[0].rows / 2);
-  int sinter = shared_gu ? int(shared_gu->rows / 2) : 0;
+  int inter = gate.empty() ? 0 : int(gate[0].rows);
+  int sinter = shared.empty() ? 0 : int(shared[0].rows);
   auto act = poisoned(std::size_t(top_k * inter + sinter));
   auto out = poisoned(std::size_t(hidden));
   cuda::ops::MoeArgs a;
-  if (!gate_up.empty()) {
-    a.gu_w = gu_w.data();
-    a.gu_s = gu_s.data();
+  if (!gate.empty()) {
+    a.g_w = g_w.data();
+    a.g_s = g_s.data();
+    a.u_w = u_w.data();
+    a.u_s = u_s.data();
     a.dn_w = dn_w.data();
     a.dn_s = dn_s.data();
-    a.gu_stride_w = std::int64_t(gate_up[0].data.size());
-    a.gu_stride_s = std::int64_t(gate_up[0].scales.size());
+    a.gu_stride_w = std::int64_t(gate[0].data.size());
+    a.gu_stride_s = std::int64_t(gate[0].scales.size());
     a.dn_stride_w = std::int64_t(dn[0].data.size());
     a.dn_stride_s = std::int64_t(dn[0].scales.size());
   }
@@ -208,19 +208,21 @@ std::vector<float> moe(std::vector<HostMatrix> const& gate_up, std::vector<HostM
   a.sel_idx = didx.data<int>();
   a.sel_w = dwts.data<float>();
   a.limit = limit;
-  if (shared_gu) {
-    a.sgu_w = sgu->m.data;
-    a.sgu_s = sgu->m.scales;
-    a.sdn_w = sdn->m.data;
-    a.sdn_s = sdn->m.scales;
+  if (!shared.empty()) {
+    a.sg_w = sh[0]->m.data;
+    a.sg_s = sh[0]->m.scales;
+    a.su_w = sh[1]->m.data;
+    a.su_s = sh[1]->m.scales;
+    a.sdn_w = sh[2]->m.data;
+    a.sdn_s = sh[2]->m.scales;
   }
   a.shared_inter = sinter;
   a.shared_limit = shared_limit;
   a.hidden = int(hidden);
   a.act = act.data<float>();
   cuda::ops::PrologueArgs pa{cuda::ops::Prologue::kRmsNorm, dnw.data<float>(), nullptr, 0, 1e-6f};
-  cuda::ops::moe(nullptr, dx.data<float>(), pa, a, gate_up.empty() ? cuda::MatFormat::kF32 : gate_up[0].format,
-                 shared_gu ? shared_gu->format : cuda::MatFormat::kF32, dres.data<float>(), out.data<float>());
+  cuda::ops::moe(nullptr, dx.data<float>(), pa, a, gate.empty() ? cuda::MatFormat::kF32 : gate[0].format,
+                 shared.empty() ? cuda::MatFormat::kF32 : shared[0].format, dres.data<float>(), out.data<float>());
   return down<float>(out, std::size_t(hidden));
 }
 

@@ -54,9 +54,9 @@ struct RouterOut {
 RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w, std::vector<float> const& bias,
                  int n_group, int topk_group, int top_k, bool norm_topk, float scaling);
 
-// MoE: routed experts stacked [E][2I, hidden] / [E][hidden, I]; shared gate_up [2Is, hidden] / down [hidden, Is].
-std::vector<float> moe(std::vector<HostMatrix> const& gate_up, std::vector<HostMatrix> const& down, HostMatrix const* shared_gu,
-                       HostMatrix const* shared_dn, std::vector<float> const& x, std::vector<float> const& norm_w,
+// MoE: routed experts gate/up [I, hidden], down [hidden, I] (stacked on the device); shared[0..2] = gate, up, down or empty.
+std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& up, std::vector<HostMatrix> const& down,
+                       std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
                        std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
                        std::vector<float> const& residual);
 

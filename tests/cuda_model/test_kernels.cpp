@@ -260,47 +260,51 @@ TEST_CASE("router logits and grouped top-k match cpu::route_scores") {
 TEST_CASE("fused MoE (MXFP4 routed + FP8 shared, clamps) matches a double reference") {
   LING_REQUIRE_GPU();
   std::int64_t const E = 6, I = 64, hidden = 96, Is = 40;
-  std::vector<HostMatrix> gu, dn;
-  std::vector<std::vector<float>> gud, dnd;
+  std::vector<HostMatrix> gm, um, dm;
+  std::vector<std::vector<float>> gd, ud, dd;
   for (int e = 0; e < E; ++e) {
-    std::vector<float> a, b;
-    gu.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(2 * I * hidden), 0.3f), 2 * I, hidden, &a));
-    dn.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, &b));
-    gud.push_back(a), dnd.push_back(b);
+    std::vector<float> a, b, c;
+    gm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, &a));
+    um.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, &b));
+    dm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, &c));
+    gd.push_back(a), ud.push_back(b), dd.push_back(c);
   }
-  std::vector<float> sgud, sdnd;
-  auto sgu = make_matrix(MatFormat::kFp8Block, randn(std::size_t(2 * Is * hidden), 0.3f), 2 * Is, hidden, &sgud);
-  auto sdn = make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * Is), 0.3f), hidden, Is, &sdnd);
+  std::vector<float> sgd, sud, sdd;
+  std::vector<HostMatrix> shared = {make_matrix(MatFormat::kFp8Block, randn(std::size_t(Is * hidden), 0.3f), Is, hidden, &sgd),
+                                    make_matrix(MatFormat::kFp8Block, randn(std::size_t(Is * hidden), 0.3f), Is, hidden, &sud),
+                                    make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * Is), 0.3f), hidden, Is, &sdd)};
   auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
   std::vector<int> idx = {4, 1, 5};
   std::vector<float> wts = {0.7f, 1.1f, 0.2f};
+  double ss = 0;
+  for (float v : x) ss += double(v) * v;
+  std::vector<double> u(static_cast<std::size_t>(hidden));
+  for (std::int64_t i = 0; i < hidden; ++i) u[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
+  auto phi = [](double a, double b, double L) {
+    double s = a / (1 + std::exp(-a));
+    if (L > 0) s = std::min(s, L), b = std::clamp(b, -L, L);
+    return s * b;
+  };
+  auto expert = [&](std::vector<double>& ref, std::vector<float> const& g, std::vector<float> const& up, std::vector<float> const& dw,
+                    std::int64_t inter, double L, double wt) {
+    auto gy = ref_matvec(g, inter, hidden, u), uy = ref_matvec(up, inter, hidden, u);
+    std::vector<double> act(static_cast<std::size_t>(inter));
+    for (std::int64_t i = 0; i < inter; ++i) act[i] = phi(gy[i], uy[i], L);
+    auto y = ref_matvec(dw, hidden, inter, act);
+    for (std::int64_t i = 0; i < hidden; ++i) ref[i] += wt * y[i];
+  };
   for (float limit : {0.f, 1.5f}) {
-    auto got = moe(gu, dn, &sgu, &sdn, x, nw, idx, wts, limit, limit * 2, res);
-    double ss = 0;
-    for (float v : x) ss += double(v) * v;
-    std::vector<double> u(static_cast<std::size_t>(hidden));
-    for (std::int64_t i = 0; i < hidden; ++i) u[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
-    auto phi = [](double a, double b, double L) {
-      double s = a / (1 + std::exp(-a));
-      if (L > 0) s = std::min(s, L), b = std::clamp(b, -L, L);
-      return s * b;
-    };
+    auto got = moe(gm, um, dm, shared, x, nw, idx, wts, limit, limit * 2, res);
     std::vector<double> ref(res.begin(), res.end());
-    auto expert = [&](std::vector<float> const& g, std::vector<float> const& dw, std::int64_t inter, double L, double wt) {
-      auto gy = ref_matvec(g, 2 * inter, hidden, u);
-      std::vector<double> act(static_cast<std::size_t>(inter));
-      for (std::int64_t i = 0; i < inter; ++i) act[i] = phi(gy[i], gy[inter + i], L);
-      auto y = ref_matvec(dw, hidden, inter, act);
-      for (std::int64_t i = 0; i < hidden; ++i) ref[i] += wt * y[i];
-    };
-    for (std::size_t j = 0; j < idx.size(); ++j) expert(gud[idx[j]], dnd[idx[j]], I, limit, wts[j]);
-    expert(sgud, sdnd, Is, limit * 2, 1.0);
+    for (std::size_t j = 0; j < idx.size(); ++j) expert(ref, gd[idx[j]], ud[idx[j]], dd[idx[j]], I, limit, wts[j]);
+    expert(ref, sgd, sud, sdd, Is, limit * 2, 1.0);
     CHECK(rel_l2(got, ref) < 1e-4);
   }
-  // dense MLP path: no routed experts, only the "shared" pair
-  auto got = moe({}, {}, &sgu, &sdn, x, nw, {}, {}, 0.f, 0.f, res);
-  CHECK(got.size() == std::size_t(hidden));
-  CHECK(!std::isnan(got[0]));
+  // dense MLP path: no routed experts, only the "shared" triple
+  auto got = moe({}, {}, {}, shared, x, nw, {}, {}, 0.f, 0.f, res);
+  std::vector<double> ref(res.begin(), res.end());
+  expert(ref, sgd, sud, sdd, Is, 0.0, 1.0);
+  CHECK(rel_l2(got, ref) < 1e-4);
 }
 
 TEST_CASE("LM head (FP8-row and BF16) logits and argmax") {

@@ -270,38 +270,47 @@ struct MatvecOut {
   float const* residual = nullptr;
 };
 
-// One launch: out_i = W_i · prologue(x) (+ residual_i) for every matrix (same format and cols).
+// out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct format
+// (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list) {
-  Segments segs;
-  int blocks = 0;
-  MatFormat f = list.begin()->m->format;
-  std::int64_t cols = list.begin()->m->cols;
-  for (auto const& o : list) {
-    if (o.m->rows == 0) continue;
-    require(segs.count < kMaxSegs, ErrorCode::kInternal, "matvec: too many segments");
-    require(o.m->format == f && o.m->cols == cols, ErrorCode::kInternal, "matvec: segments differ in format or cols");
-    segs.seg[segs.count] = Segment{o.m->data, o.m->scales, o.m->rows, o.out, o.residual};
+  std::int64_t const cols = list.begin()->m->cols;
+  bool done[kMaxSegs * 2] = {};
+  require(list.size() <= kMaxSegs * 2, ErrorCode::kInternal, "matvec: too many matrices");
+  std::size_t i0 = 0;
+  for (auto const& first : list) {
+    if (done[i0++] || first.m->rows == 0) continue;
+    MatFormat const f = first.m->format;
+    Segments segs;
+    int blocks = 0;
+    std::size_t i = 0;
+    for (auto const& o : list) {
+      std::size_t k = i++;
+      if (done[k] || o.m->rows == 0 || o.m->format != f) continue;
+      require(o.m->cols == cols, ErrorCode::kInternal, "matvec: matrices differ in cols");
+      if (segs.count == kMaxSegs) break;
+      done[k] = true;
+      segs.seg[segs.count] = Segment{o.m->data, o.m->scales, o.m->rows, o.out, o.residual};
+      segs.first_block[segs.count] = blocks;
+      blocks += int((o.m->rows + kRowsPerBlock - 1) / kRowsPerBlock);
+      ++segs.count;
+    }
     segs.first_block[segs.count] = blocks;
-    blocks += int((o.m->rows + kRowsPerBlock - 1) / kRowsPerBlock);
-    ++segs.count;
-  }
-  segs.first_block[segs.count] = blocks;
-  if (blocks == 0) return;
-  std::size_t smem = input_smem(int(cols));
-  switch (f) {
+    std::size_t smem = input_smem(int(cols));
+    switch (f) {
 #define LING_MATVEC_CASE(FMT)                                                                      \
   case FMT:                                                                                        \
     allow_smem(matvec_kernel<FMT>, smem);                                                          \
     matvec_kernel<FMT><<<blocks, kMatvecThreads, smem, st>>>(x, int(cols), pa, segs);             \
     break;
-    LING_MATVEC_CASE(MatFormat::kF32)
-    LING_MATVEC_CASE(MatFormat::kBf16)
-    LING_MATVEC_CASE(MatFormat::kFp8Block)
-    LING_MATVEC_CASE(MatFormat::kFp8Row)
-    LING_MATVEC_CASE(MatFormat::kMxfp4)
+      LING_MATVEC_CASE(MatFormat::kF32)
+      LING_MATVEC_CASE(MatFormat::kBf16)
+      LING_MATVEC_CASE(MatFormat::kFp8Block)
+      LING_MATVEC_CASE(MatFormat::kFp8Row)
+      LING_MATVEC_CASE(MatFormat::kMxfp4)
 #undef LING_MATVEC_CASE
+    }
+    check_launch("matvec");
   }
-  check_launch("matvec");
 }
 
 // ---- router: logits (matvec with RMSNorm prologue) + grouped top-k by the last block ----------------
@@ -455,20 +464,22 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
 }
 
 // ---- fused MoE ------------------------------------------------------------------------------------
-// Experts of one layer live in two stacked arrays: gate_up [E][2I, hidden] (gate rows, then up rows) and
-// down [E][hidden, I]; expert e's matrix starts at e * (its bytes). The shared expert (or the dense MLP) is a
-// separate gate_up [2Is, hidden] / down [hidden, Is] pair, possibly in another format.
+// Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I];
+// expert e's matrix starts at e * (its bytes). The shared expert (or the dense MLP) is a separate gate / up / down
+// triple, possibly in another format.
 inline constexpr int kMaxTopK = 16;
 struct MoeArgs {
-  // routed
-  void const* gu_w = nullptr; void const* gu_s = nullptr;  // stacked
+  // routed (stacked)
+  void const* g_w = nullptr; void const* g_s = nullptr;
+  void const* u_w = nullptr; void const* u_s = nullptr;
   void const* dn_w = nullptr; void const* dn_s = nullptr;
   std::int64_t gu_stride_w = 0, gu_stride_s = 0, dn_stride_w = 0, dn_stride_s = 0;  // bytes per expert
   int top_k = 0, inter = 0;                                   // routed I
   int const* sel_idx = nullptr; float const* sel_w = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   // shared / dense
-  void const* sgu_w = nullptr; void const* sgu_s = nullptr;
+  void const* sg_w = nullptr; void const* sg_s = nullptr;
+  void const* su_w = nullptr; void const* su_s = nullptr;
   void const* sdn_w = nullptr; void const* sdn_s = nullptr;
   int shared_inter = 0;                                       // 0 = no shared expert
   float shared_limit = 0.f;
@@ -505,9 +516,9 @@ __global__ void __launch_bounds__(kMatvecThreads) moe_gate_up_kernel(float const
     r = std::int64_t(int(blockIdx.x) % bpe) * wpb + warp;
     if (r >= a.inter) return;
     int const e = a.sel_idx[slot];
-    void const* w[2] = {static_cast<char const*>(a.gu_w) + e * a.gu_stride_w, static_cast<char const*>(a.gu_w) + e * a.gu_stride_w};
-    void const* s[2] = {static_cast<char const*>(a.gu_s) + e * a.gu_stride_s, static_cast<char const*>(a.gu_s) + e * a.gu_stride_s};
-    std::int64_t rows[2] = {2 * a.inter, 2 * a.inter}, row[2] = {r, a.inter + r};
+    void const* w[2] = {static_cast<char const*>(a.g_w) + e * a.gu_stride_w, static_cast<char const*>(a.u_w) + e * a.gu_stride_w};
+    void const* s[2] = {static_cast<char const*>(a.g_s) + e * a.gu_stride_s, static_cast<char const*>(a.u_s) + e * a.gu_stride_s};
+    std::int64_t rows[2] = {a.inter, a.inter}, row[2] = {r, r};
     float const* xp[2] = {xs, xs};
     warp_dots<FR, 2>(w, s, rows, row, xp, 2, a.hidden, dots);
     dst = a.act + std::int64_t(slot) * a.inter;
@@ -515,9 +526,9 @@ __global__ void __launch_bounds__(kMatvecThreads) moe_gate_up_kernel(float const
   } else {
     r = std::int64_t(int(blockIdx.x) - routed_blocks) * wpb + warp;
     if (r >= a.shared_inter) return;
-    void const* w[2] = {a.sgu_w, a.sgu_w};
-    void const* s[2] = {a.sgu_s, a.sgu_s};
-    std::int64_t rows[2] = {2 * a.shared_inter, 2 * a.shared_inter}, row[2] = {r, a.shared_inter + r};
+    void const* w[2] = {a.sg_w, a.su_w};
+    void const* s[2] = {a.sg_s, a.su_s};
+    std::int64_t rows[2] = {a.shared_inter, a.shared_inter}, row[2] = {r, r};
     float const* xp[2] = {xs, xs};
     warp_dots<FS, 2>(w, s, rows, row, xp, 2, a.hidden, dots);
     dst = a.act + std::int64_t(a.top_k) * a.inter;
@@ -615,6 +626,7 @@ struct ArgmaxArgs {
   int* block_idx;         // [blocks]
   int* out_token;         // argmax written here (next step's input when greedy)
   unsigned int* counter;  // zero at rest
+  std::int32_t* position = nullptr;  // when set, the last block advances it: the step's final write
 };
 
 template <MatFormat F>
@@ -689,6 +701,7 @@ __global__ void __launch_bounds__(kMatvecThreads) head_kernel(float const* __res
       if (wbest[k] > b || (wbest[k] == b && widx[k] < i)) { b = wbest[k]; i = widx[k]; }
     *aa.out_token = i;
     *aa.counter = 0;
+    if (aa.position) *aa.position += 1;
   }
 }
 

@@ -1,0 +1,626 @@
+#pragma once
+// CudaModel: the whole decode step of a Ling-3.0-class model on one GPU (see model.hpp). nvcc only.
+//
+// Per token the step is: embedding gather; per layer [RMSNorm fused into the projection matvec; KDA: fused step,
+// o_proj with the gated RMSNorm as its input prologue and the residual add as its epilogue | MLA: prepare, split-
+// context attention, combine, W_UV with the head gate, dense + residual]; [router + grouped top-k (last block);
+// MoE gate/up (all routed experts + shared in one launch); down + weighted sum + shared + residual]; final RMSNorm
+// fused into the LM head with argmax; the head's last block advances the position. Token, position and cache length
+// live in device memory, so the captured graph is replayed unchanged for every token.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ling/cuda/embedding.cuh"
+#include "ling/cuda/kda.cuh"
+#include "ling/cuda/mla.cuh"
+#include "ling/cuda/model.hpp"
+#include "ling/cuda/model_ops.cuh"
+#include "ling/cuda/random_weights.cuh"
+#include "ling/io/model_config.hpp"
+#include "ling/io/weights.hpp"
+
+namespace ling::cuda {
+
+enum class WeightKind { kEmbedding, kHead, kRouter, kDense, kExpert };
+
+class CudaModel {
+ public:
+  // ---- construction -------------------------------------------------------------------------------
+  static std::unique_ptr<CudaModel> from_checkpoint(io::CheckpointWeights const& w, ModelConfig const& c, CudaModelOptions o = {}) {
+    std::unique_ptr<CudaModel> m(new CudaModel(c, o));
+    m->ckpt_ = &w;
+    m->build();
+    m->ckpt_ = nullptr;
+    return m;
+  }
+  // All weights generated on the GPU in the -fp4 layout (MXFP4 routed experts, block FP8 matrices, BF16 embedding,
+  // router and LM head, fp32 vectors); no host copy.
+  static std::unique_ptr<CudaModel> random(ModelConfig const& c, std::uint64_t seed, CudaModelOptions o = {}) {
+    std::unique_ptr<CudaModel> m(new CudaModel(c, o));
+    m->seed_ = seed;
+    m->build();
+    return m;
+  }
+  ~CudaModel() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (host_token_) cudaFreeHost(host_token_);
+  }
+  CudaModel(CudaModel const&) = delete;
+  CudaModel& operator=(CudaModel const&) = delete;
+
+  ModelConfig const& config() const { return c_; }
+  std::int64_t position() const { return pos_; }
+  std::int64_t max_context() const { return max_ctx_; }
+  std::int64_t vocab_size() const { return c_.vocab_size; }
+  cudaStream_t stream() const { return stream_; }
+  float const* logits_device() const { return logits_; }
+  std::size_t arena_bytes() const { return arena_.bytes(); }
+
+  // ---- the step --------------------------------------------------------------------------------------
+  // Zero caches, position 0.
+  void reset() {
+    check(cudaMemsetAsync(cache_base_, 0, cache_bytes_, stream_), "reset caches");
+    std::int32_t zero = 0;
+    check(cudaMemcpyAsync(pos_dev_, &zero, 4, cudaMemcpyHostToDevice, stream_), "reset position");
+    check(cudaStreamSynchronize(stream_), "reset");
+    pos_ = 0;
+  }
+  // Enqueues one decode step of `token` (asynchronous); logits land in logits_device(), the argmax in the token slot.
+  void step(std::int32_t token) {
+    require(token >= 0 && token < c_.vocab_size, ErrorCode::kInvalidArgument,
+            "token id " + std::to_string(token) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
+    require(pos_ < max_ctx_, ErrorCode::kOutOfRange,
+            "context overflow: position " + std::to_string(pos_) + " reaches the maximum context of " + std::to_string(max_ctx_));
+    *host_token_ = token;
+    check(cudaMemcpyAsync(token_dev_, host_token_, 4, cudaMemcpyHostToDevice, stream_), "token upload");
+    launch_step();
+  }
+  // One more step on the token the previous step chose (greedy, no host work): for benchmarks.
+  void step_greedy() {
+    require(pos_ < max_ctx_, ErrorCode::kOutOfRange, "context overflow");
+    launch_step();
+  }
+  void synchronize() { check(cudaStreamSynchronize(stream_), "decode step"); }
+  void download_logits(float* host) {
+    check(cudaMemcpyAsync(host, logits_, std::size_t(c_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+    synchronize();
+  }
+  std::int32_t argmax() {
+    std::int32_t t = 0;
+    check(cudaMemcpyAsync(&t, token_dev_, 4, cudaMemcpyDeviceToHost, stream_), "argmax download");
+    synchronize();
+    return t;
+  }
+
+  // Switches the LM head (recaptures the graph on the next step).
+  void set_lm_head_fp8(bool fp8) {
+    if (fp8 == opt_.lm_head_fp8) return;
+    opt_.lm_head_fp8 = fp8;
+    drop_graph();
+  }
+  bool lm_head_fp8() const { return opt_.lm_head_fp8; }
+  // Logits of the last step's final hidden state through the other head (outside the graph): FP8 vs BF16 checks.
+  void other_head_logits(float* host) {
+    ModelMatrix const& h = opt_.lm_head_fp8 ? head_src_ : head_fp8_;
+    ops::ArgmaxArgs aa{head_best_, head_idx_, scratch_token_, head_counter_, nullptr};
+    ops::head(stream_, x_, norm_pa(final_norm_), h, logits_alt_, aa);
+    check(cudaMemcpyAsync(host, logits_alt_, std::size_t(c_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+    synchronize();
+  }
+
+  // Bench contexts: caches filled with random contents as if `context` tokens had been seen (KDA states N(0, 0.05²),
+  // conv rings N(0,1), MLA latent rows N(0,1) in bf16), position set to `context`.
+  void fill_random_context(std::int64_t context, std::uint64_t seed) {
+    require(context >= 0 && context < max_ctx_, ErrorCode::kOutOfRange, "random context " + std::to_string(context) +
+                                                                           " does not fit the maximum context " + std::to_string(max_ctx_));
+    reset();
+    int li = 0;
+    for (auto& l : layers_) {
+      std::uint64_t s = dev::mix64(seed + 0x1000 * std::uint64_t(++li));
+      if (l.mla) {
+        if (context > 0) rnd::fill_bf16_values(l.m.cache, context * mla_dims_.latent(), s, 1.0f, stream_);
+      } else {
+        std::int64_t const P = c_.kda_width();
+        rnd::fill_vector(l.k.state, c_.num_attention_heads * c_.head_dim * c_.head_dim, s, 0.f, 0.05f, false, stream_);
+        rnd::fill_vector(l.k.ring, c_.short_conv_kernel_size * 3 * P, s + 1, 0.f, 1.f, false, stream_);
+      }
+    }
+    std::int32_t p = std::int32_t(context);
+    check(cudaMemcpyAsync(pos_dev_, &p, 4, cudaMemcpyHostToDevice, stream_), "position");
+    synchronize();
+    pos_ = context;
+  }
+
+  // What one step reads and writes (spec §4), from the device weights as built.
+  StepBytes step_bytes() const {
+    StepBytes b;
+    auto m = [](ModelMatrix const& x) { return double(x.bytes()); };
+    std::int64_t const D = c_.hidden_size;
+    b.weights += double(D) * (embed_.format == MatFormat::kF32 ? 4 : embed_.format == MatFormat::kBf16 ? 2 : 1);  // one row
+    b.weights += m(opt_.lm_head_fp8 ? head_fp8_ : head_src_) + 4.0 * D;
+    for (auto const& l : layers_) {
+      b.weights += 8.0 * D;  // two norms
+      if (l.mla) {
+        b.weights += m(l.m.q) + m(l.m.q_a) + m(l.m.q_b) + m(l.m.kv_a) + m(l.m.g) + m(l.m.kv_b) + m(l.m.dense) +
+                     4.0 * (c_.kv_lora_rank + (c_.q_lora_rank ? *c_.q_lora_rank : 0));
+        b.cache_per_token += 2.0 * mla_dims_.latent();
+      } else {
+        std::int64_t const P = c_.kda_width(), H = c_.num_attention_heads, K = c_.head_dim, kc = c_.short_conv_kernel_size;
+        b.weights += m(l.k.q) + m(l.k.k) + m(l.k.v) + m(l.k.f) + m(l.k.g) + m(l.k.b) + m(l.k.o) +
+                     4.0 * (3 * P * kc + H + P + K);
+        b.state += 2.0 * 4 * H * K * K + 4.0 * 3 * P * kc;
+      }
+      auto const& f = l.f;
+      b.weights += m(f.sg) + m(f.su) + m(f.sd);
+      if (f.moe) b.weights += m(f.router) + 4.0 * c_.num_experts + double(c_.num_experts_per_tok) * f.expert_bytes;
+    }
+    return b;
+  }
+  double weight_bytes_resident() const { return double(weight_bytes_); }
+
+ private:
+  struct KdaL {
+    ModelMatrix q, k, v, f, g, b, o;
+    float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr, *o_norm = nullptr, *state = nullptr, *ring = nullptr;
+  };
+  struct MlaL {
+    ModelMatrix q, q_a, q_b, kv_a, g, kv_b, dense;
+    float *q_a_norm = nullptr, *kv_norm = nullptr;
+    std::uint16_t* cache = nullptr;
+  };
+  struct FfnL {
+    bool moe = false;
+    ModelMatrix router;
+    float* bias = nullptr;
+    MatFormat routed = MatFormat::kMxfp4;
+    void *g_w = nullptr, *g_s = nullptr, *u_w = nullptr, *u_s = nullptr, *d_w = nullptr, *d_s = nullptr;
+    std::int64_t gu_sw = 0, gu_ss = 0, d_sw = 0, d_ss = 0;
+    double expert_bytes = 0;  // gate + up + down of one expert
+    ModelMatrix sg, su, sd;   // shared expert or dense MLP
+    float limit = 0, shared_limit = 0;
+  };
+  struct Layer {
+    bool mla = false;
+    float *in_norm = nullptr, *post_norm = nullptr;
+    KdaL k;
+    MlaL m;
+    FfnL f;
+  };
+
+  // Two passes over the same build code: the first sizes the arena, the second fills it.
+  struct Arena {
+    bool dry = true;
+    std::size_t used = 0;
+    DeviceBuffer buf;
+    void* take(std::size_t bytes) {
+      std::size_t off = (used + 255) / 256 * 256;
+      used = off + bytes;
+      return dry ? nullptr : static_cast<char*>(buf.data()) + off;
+    }
+    std::size_t bytes() const { return buf.bytes(); }
+  };
+
+  CudaModel(ModelConfig const& c, CudaModelOptions o) : c_(c), opt_(o) {
+    require(c.family == Family::kLing, ErrorCode::kUnsupported,
+            c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
+    require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
+    max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
+    if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
+    mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
+                        c.mla_use_rope, c.rope_theta, float(c.rms_norm_eps)};
+    mla_can_implement(mla_dims_).throw_if_error();
+    require(c.num_experts_per_tok <= ops::kMaxTopK, ErrorCode::kUnsupported, "num_experts_per_tok > 16");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
+    check(cudaMallocHost(&host_token_, 4), "pinned token");
+    int dev = 0;
+    check(cudaGetDevice(&dev), "device");
+    check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev), "SM count");
+  }
+
+  // ---- weights --------------------------------------------------------------------------------------
+  static MatFormat to_mat(io::StorageFormat f, std::string const& name) {
+    switch (f) {
+      case io::StorageFormat::kBf16: return MatFormat::kBf16;
+      case io::StorageFormat::kF32: return MatFormat::kF32;
+      case io::StorageFormat::kFp8Block: return MatFormat::kFp8Block;
+      case io::StorageFormat::kMxfp4: return MatFormat::kMxfp4;
+      case io::StorageFormat::kF16: break;
+    }
+    fail(ErrorCode::kUnsupported, name + ": F16 matrices are not supported by the CUDA model");
+  }
+  static MatFormat random_format(WeightKind k) {
+    switch (k) {
+      case WeightKind::kEmbedding:
+      case WeightKind::kHead:
+      case WeightKind::kRouter: return MatFormat::kBf16;
+      case WeightKind::kDense: return MatFormat::kFp8Block;
+      case WeightKind::kExpert: return MatFormat::kMxfp4;
+    }
+    return MatFormat::kBf16;
+  }
+  io::WeightRef const& ref(std::string const& name, std::int64_t rows, std::int64_t cols) const {
+    io::WeightRef const& r = ckpt_->get(name);
+    require(r.rows == rows && r.cols == cols, ErrorCode::kShape,
+            name + ": is [" + std::to_string(r.rows) + ", " + std::to_string(r.cols) + "], the CUDA model expects [" +
+                std::to_string(rows) + ", " + std::to_string(cols) + "]");
+    return r;
+  }
+
+  ModelMatrix mat(std::string const& name, std::int64_t rows, std::int64_t cols, WeightKind kind) {
+    MatFormat f = ckpt_ ? to_mat(ref(name, rows, cols).format, name) : random_format(kind);
+    ModelMatrix m{f, nullptr, nullptr, rows, cols};
+    std::size_t sb = std::size_t(matrix_storage_bytes(f, rows, cols)), cb = std::size_t(matrix_scale_bytes(f, rows, cols));
+    m.data = arena_.take(sb);
+    if (cb) m.scales = arena_.take(cb);
+    weight_bytes_ += (arena_.dry ? 0 : sb + cb);
+    if (arena_.dry) return m;
+    if (ckpt_) {
+      io::WeightRef const& r = ref(name, rows, cols);
+      check(cudaMemcpy(const_cast<void*>(m.data), r.data, sb, cudaMemcpyHostToDevice), "upload " + name);
+      if (cb) check(cudaMemcpy(const_cast<void*>(m.scales), r.scales, cb, cudaMemcpyHostToDevice), "upload " + name);
+    } else {
+      float sigma = kind == WeightKind::kEmbedding ? 0.02f : 1.0f / std::sqrt(float(cols));
+      rnd::fill_matrix(m, rnd::name_seed(seed_, name), sigma);
+    }
+    return m;
+  }
+  // E experts' matrices stacked: one allocation for the data, one for the scales.
+  void stack(std::vector<std::string> const& names, std::int64_t rows, std::int64_t cols, MatFormat& fmt, void*& w, void*& s,
+             std::int64_t& sw, std::int64_t& ss) {
+    fmt = ckpt_ ? to_mat(ref(names[0], rows, cols).format, names[0]) : random_format(WeightKind::kExpert);
+    sw = matrix_storage_bytes(fmt, rows, cols);
+    ss = matrix_scale_bytes(fmt, rows, cols);
+    std::size_t const E = names.size();
+    w = arena_.take(std::size_t(sw) * E);
+    s = ss ? arena_.take(std::size_t(ss) * E) : nullptr;
+    if (arena_.dry) return;
+    weight_bytes_ += std::size_t(sw + ss) * E;
+    for (std::size_t e = 0; e < E; ++e) {
+      char* wd = static_cast<char*>(w) + e * sw;
+      char* sd = s ? static_cast<char*>(s) + e * ss : nullptr;
+      if (ckpt_) {
+        io::WeightRef const& r = ref(names[e], rows, cols);
+        require(to_mat(r.format, names[e]) == fmt, ErrorCode::kShape, names[e] + ": experts of a layer must share one format");
+        check(cudaMemcpy(wd, r.data, std::size_t(sw), cudaMemcpyHostToDevice), "upload " + names[e]);
+        if (ss) check(cudaMemcpy(sd, r.scales, std::size_t(ss), cudaMemcpyHostToDevice), "upload " + names[e]);
+      } else {
+        rnd::fill_matrix(ModelMatrix{fmt, wd, sd, rows, cols}, rnd::name_seed(seed_, names[e]), 1.0f / std::sqrt(float(cols)));
+      }
+    }
+  }
+  enum class VecInit { kNorm, kConv, kALog, kDtBias, kBias };
+  float* vec(std::string const& name, std::int64_t n, VecInit init) {
+    float* p = static_cast<float*>(arena_.take(std::size_t(n) * 4));
+    if (arena_.dry) return p;
+    weight_bytes_ += std::size_t(n) * 4;
+    if (ckpt_) {
+      io::WeightRef const& r = ckpt_->get(name);
+      std::int64_t numel = 1;
+      for (auto d : r.shape) numel *= d;
+      require(numel == n, ErrorCode::kShape, name + ": has " + std::to_string(numel) + " values, expected " + std::to_string(n));
+      std::vector<float> h(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        switch (r.format) {
+          case io::StorageFormat::kBf16: h[std::size_t(i)] = to_float(static_cast<Bfloat16 const*>(r.data)[i]); break;
+          case io::StorageFormat::kF16: h[std::size_t(i)] = to_float(static_cast<Half const*>(r.data)[i]); break;
+          case io::StorageFormat::kF32: h[std::size_t(i)] = static_cast<float const*>(r.data)[i]; break;
+          default: fail(ErrorCode::kShape, name + ": a vector must be stored plain (bf16/f16/f32)");
+        }
+      }
+      check(cudaMemcpy(p, h.data(), std::size_t(n) * 4, cudaMemcpyHostToDevice), "upload " + name);
+    } else {
+      std::uint64_t s = rnd::name_seed(seed_, name);
+      switch (init) {
+        case VecInit::kNorm: rnd::fill_vector(p, n, s, 1.0f, 0.1f); break;
+        case VecInit::kConv: rnd::fill_vector(p, n, s, 0.0f, 0.4f); break;
+        case VecInit::kALog: rnd::fill_vector(p, n, s, 0.f, 0.f, true); break;
+        case VecInit::kDtBias: rnd::fill_vector(p, n, s, 0.0f, 0.5f); break;
+        case VecInit::kBias: rnd::fill_vector(p, n, s, 0.0f, 0.01f); break;
+      }
+    }
+    return p;
+  }
+  // q/k/v conv weights [P,1,kc] each -> one fp32 [3P, kc]
+  float* conv3(std::string const& a, std::int64_t P, std::int64_t kc) {
+    float* p = static_cast<float*>(arena_.take(std::size_t(3 * P * kc) * 4));
+    if (arena_.dry) return p;
+    if (!ckpt_) {
+      rnd::fill_vector(p, 3 * P * kc, rnd::name_seed(seed_, a + "conv"), 0.f, 0.4f);
+      weight_bytes_ += std::size_t(3 * P * kc) * 4;
+      return p;
+    }
+    char const* names[3] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
+    for (int n = 0; n < 3; ++n) {
+      io::WeightRef const& r = ckpt_->get(a + names[n]);
+      require(r.rows == P && r.cols == kc, ErrorCode::kShape, a + names[n] + ": unexpected shape");
+      std::vector<float> h(static_cast<std::size_t>(P * kc));
+      for (std::int64_t i = 0; i < P * kc; ++i) {
+        switch (r.format) {
+          case io::StorageFormat::kBf16: h[std::size_t(i)] = to_float(static_cast<Bfloat16 const*>(r.data)[i]); break;
+          case io::StorageFormat::kF16: h[std::size_t(i)] = to_float(static_cast<Half const*>(r.data)[i]); break;
+          case io::StorageFormat::kF32: h[std::size_t(i)] = static_cast<float const*>(r.data)[i]; break;
+          default: fail(ErrorCode::kShape, a + names[n] + ": conv weights must be stored plain");
+        }
+      }
+      check(cudaMemcpy(p + n * P * kc, h.data(), h.size() * 4, cudaMemcpyHostToDevice), "upload conv");
+    }
+    weight_bytes_ += std::size_t(3 * P * kc) * 4;
+    return p;
+  }
+
+  template <class T>
+  T* scratch(std::int64_t n) { return static_cast<T*>(arena_.take(std::size_t(std::max<std::int64_t>(n, 1)) * sizeof(T))); }
+
+  void build_pass() {
+    weight_bytes_ = 0;
+    ModelConfig const& c = c_;
+    std::int64_t const D = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads, K = c.head_dim, P = c.kda_width();
+    std::int64_t const kc = c.short_conv_kernel_size, Hm = c.mla_num_heads, L = mla_dims_.latent();
+    embed_ = mat("model.word_embeddings.weight", V, D, WeightKind::kEmbedding);
+    final_norm_ = vec("model.norm.weight", D, VecInit::kNorm);
+    bool const tied = ckpt_ && c.tie_word_embeddings && !ckpt_->find("lm_head.weight");
+    head_src_ = tied ? embed_ : mat("lm_head.weight", V, D, WeightKind::kHead);
+    head_fp8_ = ModelMatrix{MatFormat::kFp8Row, arena_.take(std::size_t(V * D)), arena_.take(std::size_t(V) * 4), V, D};
+    layers_.assign(std::size_t(c.num_hidden_layers), Layer{});
+    std::int64_t act_max = 1;
+    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
+      Layer& l = layers_[std::size_t(i)];
+      std::string const p = "model.layers." + std::to_string(i) + ".";
+      std::string const a = p + "attention.";
+      l.in_norm = vec(p + "input_layernorm.weight", D, VecInit::kNorm);
+      l.post_norm = vec(p + "post_attention_layernorm.weight", D, VecInit::kNorm);
+      l.mla = c.is_mla_layer(i);
+      if (l.mla) {
+        if (c.q_lora_rank) {
+          l.m.q_a = mat(a + "q_a_proj.weight", *c.q_lora_rank, D, WeightKind::kDense);
+          l.m.q_a_norm = vec(a + "q_a_layernorm.weight", *c.q_lora_rank, VecInit::kNorm);
+          l.m.q_b = mat(a + "q_b_proj.weight", Hm * c.qk_head_dim(), *c.q_lora_rank, WeightKind::kDense);
+        } else {
+          l.m.q = mat(a + "q_proj.weight", Hm * c.qk_head_dim(), D, WeightKind::kDense);
+        }
+        l.m.kv_a = mat(a + "kv_a_proj_with_mqa.weight", L, D, WeightKind::kDense);
+        l.m.kv_norm = vec(a + "kv_a_layernorm.weight", c.kv_lora_rank, VecInit::kNorm);
+        l.m.kv_b = mat(a + "kv_b_proj.weight", Hm * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, WeightKind::kDense);
+        if (c.output_gate == OutputGate::kHeadWise) l.m.g = mat(a + "g_proj.weight", Hm, D, WeightKind::kDense);
+        if (c.output_gate == OutputGate::kElementWise) l.m.g = mat(a + "g_proj.weight", Hm * c.v_head_dim, D, WeightKind::kDense);
+        l.m.dense = mat(a + "dense.weight", D, Hm * c.v_head_dim, WeightKind::kDense);
+      } else {
+        l.k.q = mat(a + "q_proj.weight", P, D, WeightKind::kDense);
+        l.k.k = mat(a + "k_proj.weight", P, D, WeightKind::kDense);
+        l.k.v = mat(a + "v_proj.weight", P, D, WeightKind::kDense);
+        l.k.f = mat(a + "f_proj.weight", P, D, WeightKind::kDense);
+        l.k.g = mat(a + "g_proj.weight", P, D, WeightKind::kDense);
+        l.k.b = mat(a + "b_proj.weight", H, D, WeightKind::kDense);
+        l.k.conv_w = conv3(a, P, kc);
+        l.k.a_log = vec(a + "A_log", H, VecInit::kALog);
+        l.k.dt_bias = vec(a + "dt_bias", P, VecInit::kDtBias);
+        l.k.o_norm = vec(a + "o_norm.weight", K, VecInit::kNorm);
+        l.k.o = mat(a + "o_proj.weight", D, P, WeightKind::kDense);
+      }
+      std::string const m = p + "mlp.";
+      FfnL& f = l.f;
+      f.moe = c.is_moe_layer(i);
+      f.limit = float(c.expert_limit(i));
+      f.shared_limit = float(c.shared_limit(i));
+      if (f.moe) {
+        std::int64_t const E = c.num_experts, I = c.moe_intermediate_size;
+        f.router = mat(m + "gate.weight", E, D, WeightKind::kRouter);
+        f.bias = vec(m + "gate.expert_bias", E, VecInit::kBias);
+        std::vector<std::string> gn, un, dn;
+        for (std::int64_t e = 0; e < E; ++e) {
+          std::string x = m + "experts." + std::to_string(e) + ".";
+          gn.push_back(x + "gate_proj.weight");
+          un.push_back(x + "up_proj.weight");
+          dn.push_back(x + "down_proj.weight");
+        }
+        MatFormat fu, fd;
+        stack(gn, I, D, f.routed, f.g_w, f.g_s, f.gu_sw, f.gu_ss);
+        stack(un, I, D, fu, f.u_w, f.u_s, f.gu_sw, f.gu_ss);
+        stack(dn, D, I, fd, f.d_w, f.d_s, f.d_sw, f.d_ss);
+        require(fu == f.routed && fd == f.routed, ErrorCode::kShape, m + "experts: gate/up/down must share one format");
+        f.expert_bytes = double(2 * (f.gu_sw + f.gu_ss) + f.d_sw + f.d_ss);
+        if (c.shared_width() > 0) {
+          std::int64_t const Is = c.shared_width();
+          f.sg = mat(m + "shared_experts.gate_proj.weight", Is, D, WeightKind::kDense);
+          f.su = mat(m + "shared_experts.up_proj.weight", Is, D, WeightKind::kDense);
+          f.sd = mat(m + "shared_experts.down_proj.weight", D, Is, WeightKind::kDense);
+          require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
+        }
+        act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
+      } else {
+        std::int64_t const I = c.intermediate_size;
+        f.sg = mat(m + "gate_proj.weight", I, D, WeightKind::kDense);
+        f.su = mat(m + "up_proj.weight", I, D, WeightKind::kDense);
+        f.sd = mat(m + "down_proj.weight", D, I, WeightKind::kDense);
+        require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + ": formats differ");
+        act_max = std::max(act_max, I);
+      }
+    }
+    // activations and scratch
+    x_ = scratch<float>(D);
+    xq_ = scratch<float>(P), xk_ = scratch<float>(P), xv_ = scratch<float>(P), xf_ = scratch<float>(P), xg_ = scratch<float>(P);
+    xb_ = scratch<float>(H), o_ = scratch<float>(P);
+    mq_ = scratch<float>(Hm * c.qk_head_dim());
+    mqa_ = scratch<float>(c.q_lora_rank ? *c.q_lora_rank : 1);
+    mkv_ = scratch<float>(L);
+    mgate_ = scratch<float>(Hm * c.v_head_dim);
+    splits_ = std::max(1, sms_);
+    q_hat_ = scratch<float>(Hm * L);
+    part_o_ = scratch<float>(std::int64_t(splits_) * Hm * c.kv_lora_rank);
+    part_ml_ = scratch<float>(std::int64_t(splits_) * Hm * 2);
+    o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
+    mo_ = scratch<float>(Hm * c.v_head_dim);
+    router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
+    sel_idx_ = scratch<int>(ops::kMaxTopK);
+    sel_w_ = scratch<float>(ops::kMaxTopK);
+    act_ = scratch<float>(act_max);
+    logits_ = scratch<float>(V);
+    logits_alt_ = scratch<float>(V);
+    head_best_ = scratch<float>(ops::head_blocks(V));
+    head_idx_ = scratch<int>(ops::head_blocks(V));
+    // caches and counters: one contiguous region, zeroed by reset()
+    std::size_t cache_start = (arena_.used + 255) / 256 * 256;
+    cache_base_ = arena_.take(0);
+    for (auto& l : layers_) {
+      if (l.mla) l.m.cache = scratch<std::uint16_t>(max_ctx_ * L);
+      else {
+        l.k.state = scratch<float>(H * K * K);
+        l.k.ring = scratch<float>(kc * 3 * P);
+      }
+    }
+    router_counter_ = scratch<unsigned>(1);
+    head_counter_ = scratch<unsigned>(1);
+    token_dev_ = scratch<std::int32_t>(1);
+    scratch_token_ = scratch<std::int32_t>(1);
+    pos_dev_ = scratch<std::int32_t>(1);
+    cache_bytes_ = arena_.used - cache_start;
+  }
+
+  void build() {
+    arena_.dry = true;
+    arena_.used = 0;
+    build_pass();
+    arena_.buf = DeviceBuffer(arena_.used + 256, "CUDA model weights and caches");
+    arena_.dry = false;
+    arena_.used = 0;
+    build_pass();
+    rnd::quantize_fp8_rows(head_src_, static_cast<E4m3*>(const_cast<void*>(head_fp8_.data)),
+                           static_cast<float*>(const_cast<void*>(head_fp8_.scales)));
+    weight_bytes_ += std::size_t(head_fp8_.bytes());
+    check(cudaDeviceSynchronize(), "building the CUDA model");
+    // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
+    // launch errors early; then back to a fresh stream.
+    reset();
+    enqueue_step(stream_);
+    synchronize();
+    reset();
+  }
+
+  // ---- launches --------------------------------------------------------------------------------------
+  ops::PrologueArgs norm_pa(float const* w) const { return {ops::Prologue::kRmsNorm, w, nullptr, 0, float(c_.rms_norm_eps)}; }
+
+  void enqueue_step(cudaStream_t st) {
+    ModelConfig const& c = c_;
+    embedding({embed_, token_dev_, x_, 1}, st);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      Layer& l = layers_[i];
+      if (!l.mla) {
+        ops::matvec(st, x_, norm_pa(l.in_norm),
+                    {{&l.k.q, xq_}, {&l.k.k, xk_}, {&l.k.v, xv_}, {&l.k.f, xf_}, {&l.k.g, xg_}, {&l.k.b, xb_}});
+        KdaStepArgs ka;
+        ka.heads = int(c.num_attention_heads);
+        ka.head_dim = int(c.head_dim);
+        ka.conv_kernel = int(c.short_conv_kernel_size);
+        ka.safe_gate = c.kda_safe_gate;
+        ka.lower_bound = float(c.kda_lower_bound);
+        ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
+        ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
+        ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
+        kda_step(ka, st);
+        ops::matvec(st, o_, {ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)},
+                    {{&l.k.o, x_, x_}});
+      } else {
+        if (c.q_lora_rank) {
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
+          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}});
+        } else {
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
+        }
+        MlaDecodeArgs ma;
+        ma.d = mla_dims_;
+        ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
+        ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
+        ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
+        int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
+        mla_decode(ma, mgate_, gate_mode, mo_, st);
+        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
+      }
+      FfnL& f = l.f;
+      ops::MoeArgs a;
+      a.hidden = int(c.hidden_size);
+      a.act = act_;
+      a.sg_w = f.sg.data, a.sg_s = f.sg.scales, a.su_w = f.su.data, a.su_s = f.su.scales, a.sdn_w = f.sd.data, a.sdn_s = f.sd.scales;
+      a.shared_inter = int(f.sg.rows);
+      a.shared_limit = f.shared_limit;
+      if (f.moe) {
+        ops::RouterArgs ra{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
+                           c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
+        ops::router(st, x_, norm_pa(l.post_norm), f.router, ra);
+        a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
+        a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
+        a.top_k = int(c.num_experts_per_tok);
+        a.inter = int(c.moe_intermediate_size);
+        a.sel_idx = sel_idx_, a.sel_w = sel_w_;
+        a.limit = f.limit;
+      } else {
+        a.shared_limit = 0.f;  // the dense MLP has no clamp
+      }
+      ops::moe(st, x_, norm_pa(l.post_norm), a, f.routed, f.sg.format, x_, x_);
+    }
+    ops::ArgmaxArgs aa{head_best_, head_idx_, token_dev_, head_counter_, pos_dev_};
+    ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
+  }
+
+  void drop_graph() {
+    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    graph_exec_ = nullptr;
+  }
+
+  void launch_step() {
+    if (!opt_.use_graph) {
+      enqueue_step(stream_);
+    } else {
+      if (!graph_exec_) {
+        // Kernel attributes (dynamic shared memory limits) are set on the host during the first enqueue: do it once
+        // outside the capture on a throwaway stream state, then capture. The eager pass must not change the caches,
+        // so it runs before any token of this stream: snapshot-free because capture happens at the first step.
+        cudaGraph_t g = nullptr;
+        check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+        try {
+          enqueue_step(stream_);
+        } catch (...) {
+          cudaStreamEndCapture(stream_, &g);
+          if (g) cudaGraphDestroy(g);
+          throw;
+        }
+        check(cudaStreamEndCapture(stream_, &g), "end capture");
+        check(cudaGraphInstantiate(&graph_exec_, g, 0), "graph instantiate");
+        cudaGraphDestroy(g);
+      }
+      check(cudaGraphLaunch(graph_exec_, stream_), "graph launch");
+    }
+    ++pos_;
+  }
+
+  ModelConfig c_;
+  CudaModelOptions opt_;
+  io::CheckpointWeights const* ckpt_ = nullptr;
+  std::uint64_t seed_ = 0;
+  std::int64_t max_ctx_ = 0, pos_ = 0;
+  int sms_ = 132, splits_ = 1;
+  MlaDims mla_dims_;
+  Arena arena_;
+  std::size_t weight_bytes_ = 0, cache_bytes_ = 0;
+  void* cache_base_ = nullptr;
+  ModelMatrix embed_, head_src_, head_fp8_;
+  float* final_norm_ = nullptr;
+  std::vector<Layer> layers_;
+  float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
+  float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
+  float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
+  float *logits_alt_ = nullptr, *head_best_ = nullptr;
+  int *sel_idx_ = nullptr, *head_idx_ = nullptr;
+  unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
+  std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
+  std::int32_t* host_token_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+};
+
+}  // namespace ling::cuda

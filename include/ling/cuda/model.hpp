@@ -1,0 +1,24 @@
+#pragma once
+// The CUDA model for batch-1 decode (DESIGN.md decision 4): device weights (uploaded from a checkpoint as stored, or
+// generated on the GPU from a seed in the -fp4 layout), device caches preallocated for the maximum context, and one
+// decode step captured once as a CUDA graph and replayed per token. Plain C++ declarations; the class is in model.cuh.
+#include <cstdint>
+#include <string>
+
+namespace ling::cuda {
+
+struct CudaModelOptions {
+  std::int64_t max_context = 4096;  // positions the caches hold (clamped to max_position_embeddings when that is set)
+  bool lm_head_fp8 = true;          // online FP8-row LM head (else the head as stored, BF16)
+  bool use_graph = true;            // capture the step once and replay it (false: launch eagerly, for debugging)
+};
+
+// What one decode step reads and writes in device memory (spec §4), in bytes.
+struct StepBytes {
+  double weights = 0;            // every weight byte the step reads (routed experts: top-k of them)
+  double state = 0;              // KDA state read + write, conv ring, scratch-free
+  double cache_per_token = 0;    // MLA latent cache bytes read per token of context
+  double at(std::int64_t context) const { return weights + state + cache_per_token * double(context + 1); }
+};
+
+}  // namespace ling::cuda

@@ -1,0 +1,45 @@
+#pragma once
+// A CUDA session with the CPU session's interface (runtime::LogitSession): prefill(tokens) -> last logits,
+// decode(token) -> logits, reset(), position(), vocab_size(). Plain C++ (pimpl): the definitions are in
+// session.cuh, which exactly one .cu file of a program includes (in the `ling` CLI: examples/ling/cmd_bench.cu).
+//
+// Prefill is correct for any length but simple: it replays the decode graph once per prompt token (KDA strictly
+// sequential, MLA filling the latent cache), downloading logits only for the last token.
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "ling/cuda/model.hpp"
+#include "ling/runtime/any_session.hpp"
+
+namespace ling::cuda {
+
+class CudaModel;
+
+class CudaSession {
+ public:
+  // Loads the checkpoint in `dir` (config.json + safetensors) onto the GPU.
+  static CudaSession open(std::filesystem::path const& dir, CudaModelOptions const& options = {});
+  CudaSession(CudaSession&&) noexcept;
+  CudaSession& operator=(CudaSession&&) noexcept;
+  ~CudaSession();
+
+  std::span<float const> prefill(std::span<std::int32_t const> tokens);
+  std::span<float const> decode(std::int32_t token);
+  void reset();
+  std::int64_t position() const;
+  std::int64_t vocab_size() const;
+  CudaModel& model();
+
+ private:
+  struct Impl;
+  explicit CudaSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// For the command line (`--backend cuda`): the session wrapped for runtime::Generator.
+runtime::AnySession make_cuda_session(std::filesystem::path const& dir, CudaModelOptions const& options = {});
+
+}  // namespace ling::cuda

@@ -1,0 +1,93 @@
+// The whole CUDA model against the CPU session on the tests/data checkpoints: prefill and decode logits within
+// relative L2 2e-2; the greedy ids equal whenever the CPU's top-2 margin exceeds 0.05.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ling/cuda/runtime.hpp"
+#include "ling/cuda/session.hpp"
+#include "ling/runtime/session.hpp"
+
+namespace {
+
+double rel_l2(std::span<float const> a, std::span<float const> ref) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(a[i])) return 1e30;
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+std::pair<int, double> top1_margin(std::span<float const> l) {
+  int best = int(std::max_element(l.begin(), l.end()) - l.begin());
+  float second = -INFINITY;
+  for (std::size_t i = 0; i < l.size(); ++i)
+    if (int(i) != best) second = std::max(second, l[i]);
+  return {best, double(l[std::size_t(best)]) - second};
+}
+
+void compare(std::string const& name, int prompt_len, int decode_steps) {
+  std::string const dir = std::string(LING_TEST_DATA) + "/" + name;
+  CAPTURE(name);
+  auto cpu = ling::runtime::Session::open(dir);
+  auto gpu = ling::cuda::CudaSession::open(dir);
+  std::mt19937 rng{std::random_device{}()};
+  std::uniform_int_distribution<int> tok(0, int(cpu.vocab_size()) - 1);
+  std::vector<std::int32_t> prompt(std::size_t(prompt_len));
+  for (auto& t : prompt) t = tok(rng);
+  auto cl = cpu.prefill(prompt);
+  std::vector<float> cpu_logits(cl.begin(), cl.end());
+  auto gl = gpu.prefill(prompt);
+  std::vector<float> gpu_logits(gl.begin(), gl.end());
+  double e = rel_l2(gpu_logits, cpu_logits);
+  MESSAGE(name << " prefill rel L2 " << e);
+  CHECK(e < 2e-2);
+  CHECK(gpu.position() == prompt_len);
+  for (int s = 0; s < decode_steps; ++s) {
+    auto [cpu_top, margin] = top1_margin(cpu_logits);
+    auto [gpu_top, gm] = top1_margin(gpu_logits);
+    (void)gm;
+    if (margin > 0.05) CHECK(gpu_top == cpu_top);
+    auto cd = cpu.decode(cpu_top);
+    cpu_logits.assign(cd.begin(), cd.end());
+    auto gd = gpu.decode(cpu_top);
+    gpu_logits.assign(gd.begin(), gd.end());
+    double ed = rel_l2(gpu_logits, cpu_logits);
+    CAPTURE(s);
+    CHECK(ed < 2e-2);
+    if (s == decode_steps - 1) MESSAGE(name << " decode step " << s << " rel L2 " << ed);
+  }
+  // reset gives a fresh stream: the same prompt gives the same logits
+  gpu.reset();
+  auto again = gpu.prefill(prompt);
+  cpu.reset();
+  auto cref = cpu.prefill(prompt);
+  CHECK(rel_l2(again, cref) < 2e-2);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA model = CPU model on the tests/data checkpoints") {
+  if (!ling::cuda::device_available()) {
+    MESSAGE("no CUDA device: skipped");
+    return;
+  }
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4", "ling-b-bf16"}) compare(n, 23, 12);
+}
+
+TEST_CASE("CUDA session refuses bad input with ling::Error") {
+  if (!ling::cuda::device_available()) return;
+  auto gpu = ling::cuda::CudaSession::open(std::string(LING_TEST_DATA) + "/ling-a-bf16", {16, true, true});
+  CHECK_THROWS_AS(gpu.decode(-1), ling::Error);
+  CHECK_THROWS_AS(gpu.decode(std::int32_t(gpu.vocab_size())), ling::Error);
+  std::vector<std::int32_t> long_prompt(17, 1);
+  CHECK_THROWS_AS(gpu.prefill(long_prompt), ling::Error);
+  std::vector<std::int32_t> p(16, 1);
+  CHECK_NOTHROW(gpu.prefill(p));
+  CHECK_THROWS_AS(gpu.decode(1), ling::Error);  // context full
+}
