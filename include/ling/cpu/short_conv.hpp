@@ -3,6 +3,8 @@
 // c_n = silu(sum_j w_n[:, j] * a_n(t-3+j)), the current token multiplies w[:, kernel-1]).
 // The window holds the raw (pre-conv) inputs of the last kernel-1 tokens, oldest first, as [kernel-1, channels];
 // a fresh stream starts with a zero window, which is exactly "positions before 0 are 0".
+#include <Eigen/Core>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -23,8 +25,9 @@ inline void short_conv_step(std::int64_t channels, std::int64_t kernel, float co
   for (std::int64_t c = 0; c < channels; ++c) {
     float const* w = weight + c * kernel;
     float const xc = x[c];
-    float acc = w[hist] * xc;
+    float acc = 0.0f;  // oldest tap first, the same order as short_conv_forward
     for (std::int64_t j = 0; j < hist; ++j) acc += w[j] * window[j * channels + c];
+    acc += w[hist] * xc;
     for (std::int64_t j = 0; j + 1 < hist; ++j) window[j * channels + c] = window[(j + 1) * channels + c];
     if (hist > 0) window[(hist - 1) * channels + c] = xc;
     y[c] = act == ConvActivation::kSilu ? silu(acc) : acc;
@@ -40,24 +43,21 @@ inline void short_conv_forward(std::int64_t channels, std::int64_t kernel, float
   std::int64_t const hist = kernel - 1;
   // Row e of the extended sequence [window; x].
   auto row = [&](std::int64_t e) -> float const* { return e < hist ? window + e * channels : x + (e - hist) * channels; };
-  // Taps as [kernel, channels] so the inner loop runs over contiguous channels.
-  std::vector<float> taps(static_cast<std::size_t>(kernel * channels));
+  // Taps as [kernel, channels] so that every step below runs over contiguous channels (Eigen arrays: vectorized).
+  using Row = Eigen::Array<float, 1, Eigen::Dynamic>;
+  Eigen::Array<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> taps(kernel, channels);
   for (std::int64_t c = 0; c < channels; ++c)
-    for (std::int64_t j = 0; j < kernel; ++j) taps[static_cast<std::size_t>(j * channels + c)] = weight[c * kernel + j];
-  std::vector<float> acc(static_cast<std::size_t>(channels));
+    for (std::int64_t j = 0; j < kernel; ++j) taps(j, c) = weight[c * kernel + j];
+  Row acc(channels);
   for (std::int64_t t = 0; t < tokens; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (std::int64_t j = 0; j < kernel; ++j) {  // y[t] = sum_j w[:, j] * E[t + j]
-      float const* src = row(t + j);
-      float const* w = taps.data() + j * channels;
-      float* a = acc.data();
-      for (std::int64_t c = 0; c < channels; ++c) a[c] += w[c] * src[c];
-    }
-    float* out = y + t * channels;
-    for (std::int64_t c = 0; c < channels; ++c) {
-      float const a = acc[static_cast<std::size_t>(c)];
-      out[c] = act == ConvActivation::kSilu ? silu(a) : a;
-    }
+    acc.setZero();
+    for (std::int64_t j = 0; j < kernel; ++j)  // y[t] = sum_j w[:, j] * E[t + j]
+      acc += taps.row(j) * Eigen::Map<Row const>(row(t + j), channels);
+    Eigen::Map<Row> out(y + t * channels, channels);
+    if (act == ConvActivation::kSilu)
+      out = acc / (1.0f + (-acc).exp());
+    else
+      out = acc;
   }
   if (hist <= 0) return;
   // New window = rows tokens .. tokens+hist-1 of E; copy through a buffer since they may overlap the old window.
