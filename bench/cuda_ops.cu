@@ -1,0 +1,294 @@
+// GPU op benchmarks at Ling-3.0-flash shapes (spec §4): bytes moved per op, GB/s, and % of the device's measured
+// streaming-read bandwidth (measured once per process, ≥ 4 GiB, 16-byte loads). Each timing replays a CUDA graph of
+// many consecutive launches over several weight copies (rotated so the 60 MB L2 cannot serve them), timed with CUDA
+// events (UseManualTime); the MoE step graph runs consecutive steps on different layers' experts with different ids,
+// both launches per step, as decode does.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ling/cuda/bandwidth.cuh"
+#include "ling/cuda/linear.cuh"
+#include "ling/cuda/lm_head.cuh"
+#include "ling/cuda/moe.cuh"
+#include "ling/cuda/router.cuh"
+
+using namespace ling;
+using namespace ling::cuda;
+
+namespace {
+
+double g_read_gbs = 0;  // measured read bandwidth, GB/s
+std::string g_name;     // the running benchmark (benchmark 1.7 has no State::name)
+
+// Random device bytes: any byte is a valid E2M1 pair / E4M3 / bf16 pattern for timing; scales are set to sane values.
+__global__ void fill_bytes(std::uint8_t* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (i + seed) * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    p[i] = std::uint8_t(x >> 40);
+  }
+}
+__global__ void fill_floats(float* p, std::size_t n, float v) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = v * (1.0f + 0.001f * float(i % 7));
+}
+__global__ void fill_ue8m0(std::uint8_t* p, std::size_t n) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = std::uint8_t(120 + i % 8);
+}
+
+template <class P>
+DeviceMatrix<P> random_device_matrix(std::int64_t rows, std::int64_t cols, int count = 1) {
+  auto m = DeviceMatrix<P>::allocate(rows, cols, count);
+  MatrixArgs a = m.args();
+  std::size_t const nd = std::size_t(a.data_stride) * std::size_t(count);
+  static std::uint64_t seed = 1;
+  fill_bytes<<<1024, 256>>>(static_cast<std::uint8_t*>(const_cast<void*>(a.data)), nd, seed++ * 0x1234567ull);
+  if constexpr (std::is_same_v<typename P::scale_type, float>) {
+    fill_floats<<<256, 256>>>(static_cast<float*>(const_cast<void*>(a.scales)), std::size_t(a.scale_stride) * count / 4, 1e-3f);
+  } else if constexpr (std::is_same_v<typename P::scale_type, Ue8m0>) {
+    fill_ue8m0<<<256, 256>>>(static_cast<std::uint8_t*>(const_cast<void*>(a.scales)), std::size_t(a.scale_stride) * count);
+  }
+  check(cudaGetLastError(), "fill");
+  return m;
+}
+
+std::vector<float> host_randn(std::size_t n) {
+  std::mt19937 g(42);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+struct DVec {
+  DeviceBuffer b;
+  explicit DVec(std::size_t n) : b(n * sizeof(float) + 16) {
+    auto h = host_randn(n);
+    b.upload(h.data(), n * sizeof(float));
+  }
+  float* p() const { return b.data<float>(); }
+};
+
+// Captures `body(i)` for i < n into a graph; replays it per benchmark iteration, timed with events.
+template <class Body>
+void run_graph(benchmark::State& state, int n, double bytes_per_op, Body body) {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+  for (int i = 0; i < n; ++i) check(body(i, s), "warm-up launch");  // also sets kernel attributes before capture
+  check(cudaStreamSynchronize(s), "warm-up");
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  for (int i = 0; i < n; ++i) check(body(i, s), "captured launch");
+  check(cudaStreamEndCapture(s, &graph), "end capture");
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  check(cudaGraphLaunch(exec, s), "graph warm-up");
+  check(cudaStreamSynchronize(s), "graph warm-up");
+  cudaEvent_t e0, e1;
+  check(cudaEventCreate(&e0), "event");
+  check(cudaEventCreate(&e1), "event");
+  double total_ms = 0;
+  std::int64_t ops = 0;
+  std::vector<double> per_op_us;
+  for (auto _ : state) {
+    check(cudaEventRecord(e0, s), "record");
+    check(cudaGraphLaunch(exec, s), "graph launch");
+    check(cudaEventRecord(e1, s), "record");
+    check(cudaEventSynchronize(e1), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, e0, e1), "elapsed");
+    state.SetIterationTime(ms * 1e-3);
+    total_ms += ms;
+    ops += n;
+    per_op_us.push_back(ms * 1e3 / n);
+  }
+  std::sort(per_op_us.begin(), per_op_us.end());
+  double const med_us = per_op_us.empty() ? 0 : per_op_us[per_op_us.size() / 2];
+  double const gbs = bytes_per_op / (med_us * 1e-6) / 1e9;
+  state.counters["MB"] = bytes_per_op / 1e6;
+  state.counters["us_per_op"] = med_us;
+  state.counters["GB/s"] = gbs;
+  state.counters["pct_read_bw"] = g_read_gbs > 0 ? 100.0 * gbs / g_read_gbs : 0;
+  std::printf("TABLE | %-38s | %9.2f MB | %8.2f us | %7.0f GB/s | %5.1f %% |\n", g_name.c_str(), bytes_per_op / 1e6,
+              med_us, gbs, g_read_gbs > 0 ? 100.0 * gbs / g_read_gbs : 0.0);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+int copies_for(double bytes) {  // enough copies to stream at least 480 MB (8x the L2) per graph pass
+  int c = int(480e6 / bytes) + 1;
+  return c < 2 ? 2 : (c > 64 ? 64 : c);
+}
+
+// ---- dense projections ------------------------------------------------------------------------------------
+template <class P>
+void BM_Matvec(benchmark::State& state, std::int64_t rows, std::int64_t cols) {
+  auto probe = DeviceMatrix<P>::allocate(rows, cols);
+  double const bytes = double(probe.bytes_per_matrix());
+  int const copies = copies_for(bytes);
+  std::vector<DeviceMatrix<P>> w;
+  for (int i = 0; i < copies; ++i) w.push_back(random_device_matrix<P>(rows, cols));
+  DVec x{std::size_t(cols)}, y{std::size_t(rows)};
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) { return launch_matvec(w[std::size_t(i)], x.p(), y.p(), s); });
+}
+
+template <class P>
+void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
+  double bytes = 0;
+  std::int64_t out = 0;
+  for (auto r : rows) {
+    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
+    out += r;
+  }
+  int const copies = copies_for(bytes);
+  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
+  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
+    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
+  }
+  DVec x{std::size_t(cols)}, y{std::size_t(out)};
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
+    return launch_matvec_multi(std::span<DeviceMatrix<P> const* const>(ptrs[std::size_t(i)]), x.p(), y.p(), s);
+  });
+}
+
+// ---- MoE step: router-chosen ids (random, distinct) on `layers` different layers' expert sets ----------------
+template <class PE, class PS>
+void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_only, bool down_only) {
+  constexpr std::int64_t kHidden = 2560, kInter = 768;
+  constexpr int kExperts = 512, kTopK = 8;
+  std::vector<MoeWeights<PE, PS>> w(static_cast<std::size_t>(layers));
+  for (auto& l : w) {
+    l.gate = random_device_matrix<PE>(kInter, kHidden, kExperts);
+    l.up = random_device_matrix<PE>(kInter, kHidden, kExperts);
+    l.down = random_device_matrix<PE>(kHidden, kInter, kExperts);
+    l.shared_gate = random_device_matrix<PS>(kInter, kHidden);
+    l.shared_up = random_device_matrix<PS>(kInter, kHidden);
+    l.shared_down = random_device_matrix<PS>(kHidden, kInter);
+  }
+  std::mt19937 g(7);
+  std::vector<int> ids;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> all(kExperts);
+    for (int e = 0; e < kExperts; ++e) all[std::size_t(e)] = e;
+    std::shuffle(all.begin(), all.end(), g);
+    ids.insert(ids.end(), all.begin(), all.begin() + kTopK);
+  }
+  DeviceBuffer dids(ids.size() * sizeof(int));
+  dids.upload(ids.data(), ids.size() * sizeof(int));
+  DVec wts{static_cast<std::size_t>(steps) * kTopK}, u{kHidden}, h{static_cast<std::size_t>(w[0].h_elements(kTopK))}, hid{kHidden};
+  double bytes = double(w[0].bytes_per_token(kTopK));
+  if (gate_up_only)
+    bytes = double(kTopK) * double(w[0].gate.bytes_per_matrix() + w[0].up.bytes_per_matrix()) +
+            double(w[0].shared_gate.bytes_per_matrix() + w[0].shared_up.bytes_per_matrix());
+  if (down_only) bytes = double(kTopK) * double(w[0].down.bytes_per_matrix()) + double(w[0].shared_down.bytes_per_matrix());
+  run_graph(state, steps, bytes, [&](int i, cudaStream_t s) {
+    MoeStep st{dids.data<int>() + i * kTopK, wts.p() + i * kTopK, kTopK, 4.0f, 5.0f};
+    auto const& l = w[std::size_t(i % layers)];
+    if (gate_up_only) return launch_moe_gate_up(l, st, u.p(), h.p(), s);
+    if (down_only) return launch_moe_down(l, st, h.p(), hid.p(), hid.p(), s);
+    return launch_moe(l, st, u.p(), h.p(), hid.p(), hid.p(), s);
+  });
+}
+
+void BM_Router(benchmark::State& state) {
+  constexpr std::int64_t kE = 512, kHidden = 2560;
+  double const bytes = double(DeviceMatrix<quant::Bf16>::allocate(kE, kHidden).bytes_per_matrix());
+  int const copies = copies_for(bytes);
+  std::vector<DeviceMatrix<quant::Bf16>> w;
+  for (int i = 0; i < copies; ++i) w.push_back(random_device_matrix<quant::Bf16>(kE, kHidden));
+  DVec u(kHidden), bias(kE), wts(8);
+  DeviceBuffer idx(8 * sizeof(int));
+  RouterWorkspace ws(kE);
+  RouterParams p{8, 8, 4, 2.5f, true};
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
+    return launch_router(w[std::size_t(i)], bias.p(), u.p(), p, ws, idx.data<int>(), wts.p(), s);
+  });
+}
+
+template <class P>
+void BM_LmHead(benchmark::State& state) {
+  constexpr std::int64_t kV = 157184, kHidden = 2560;
+  std::vector<DeviceMatrix<P>> w;
+  for (int i = 0; i < 2; ++i) {
+    if constexpr (std::is_same_v<P, quant::Fp8Row>) {
+      auto bf = random_device_matrix<quant::Bf16>(kV, kHidden);
+      w.push_back(quantize_fp8_rows(bf, nullptr));  // the online quantization, as at load
+    } else {
+      w.push_back(random_device_matrix<P>(kV, kHidden));
+    }
+  }
+  double const bytes = double(w[0].bytes_per_matrix());
+  DVec x(kHidden), logits(kV);
+  DeviceBuffer am(sizeof(int));
+  ArgmaxWorkspace ws;
+  run_graph(state, 4, bytes, [&](int i, cudaStream_t s) {
+    return launch_lm_head(w[std::size_t(i % 2)], x.p(), logits.p(), am.data<int>(), &ws, s);
+  });
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  for (auto _ : state) {
+    auto r = measure_read_bandwidth<16>(std::size_t(4) << 30, 5);
+    state.SetIterationTime(r.best_ms * 1e-3);
+    state.counters["GB/s"] = r.gb_per_s;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!device_available()) {
+    std::printf("no GPU: cuda_ops benchmarks skipped\n");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  auto bw = measure_read_bandwidth<16>(std::size_t(4) << 30, 10);
+  g_read_gbs = bw.gb_per_s;
+  std::printf("device: %s, %d SMs, L2 %d MB; measured streaming read: %.0f GB/s (4 GiB, best of 10)\n", prop.name,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20, g_read_gbs);
+
+  using quant::Bf16;
+  using quant::Fp8Block;
+  using quant::Fp8Row;
+  using quant::Mxfp4;
+  auto reg = [](char const* name, auto fn) {
+    benchmark::RegisterBenchmark(name, [name, fn](benchmark::State& s) {
+      g_name = name;
+      fn(s);
+    })->UseManualTime()->Unit(benchmark::kMicrosecond);
+  };
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
+  reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
+  reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
+  reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
+  reg("dense_mlp_gate_up_2x[6144,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560); });
+  reg("dense_mlp_down_[2560,6144]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 6144); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_bf16", [](benchmark::State& s) { BM_MatvecMulti<Bf16>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("router_[512,2560]_bf16_topk", [](benchmark::State& s) { BM_Router(s); });
+  reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
+  reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
+  reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
+  reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
+  reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });
+  reg("lm_head_[157184,2560]_bf16_argmax", [](benchmark::State& s) { BM_LmHead<Bf16>(s); });
+  reg("read_bandwidth_4GiB", [](benchmark::State& s) { BM_ReadBandwidth(s); });
+
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
