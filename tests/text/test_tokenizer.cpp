@@ -258,3 +258,11 @@ TEST_CASE("tokenizer: bad tokenizer.json gives a ling::Error naming the problem"
   CHECK(nfc.encode("ab") == std::vector<std::int32_t>{2});
   CHECK_THROWS_AS(nfc.encode("e\u0301"), ling::Error);
 }
+
+TEST_CASE("tokenizer: long inputs (one 200k-letter word, 100k spaces, 50k digits) round-trip") {
+  auto tok = Tokenizer::load(data("tokenizer.json"));
+  std::string s = std::string(200000, 'a') + std::string(100000, ' ') + std::string(50000, '7') + "end";
+  auto ids = tok.encode(s);
+  CHECK(ids.size() > 50000);  // every digit is its own word in the Ling split
+  CHECK(tok.decode(ids) == s);
+}

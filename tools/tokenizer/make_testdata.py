@@ -98,6 +98,8 @@ CASES = [
     "x" * 3 + " " * 7 + "y",
     "\U0001F600\U0001F600\U0001F600",
     "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𝕞𝕒𝕥𝕙 letters",
+    # long runs: BPE over long words, long whitespace and digit runs, a long special-token sequence
+    "a" * 3000 + " " * 2000 + "9" * 500 + "\n" * 300 + "的" * 400 + "<role>" * 50 + "xy" * 700,
 ]
 
 # Invalid UTF-8 inputs: expected ids are HF's for bytes.decode("utf-8", "replace").

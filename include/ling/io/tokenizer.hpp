@@ -14,6 +14,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -487,8 +488,10 @@ class Tokenizer {
     for (std::size_t i = 0; i < added_.size(); ++i) added_by_length_[i] = i;
     std::stable_sort(added_by_length_.begin(), added_by_length_.end(),
                      [&](std::size_t x, std::size_t y) { return added_[x].content.size() > added_[y].content.size(); });
-    for (auto const& a : added_)
+    for (auto const& a : added_) {
       if (a.special) is_special_[static_cast<std::size_t>(a.id)] = true;
+      added_first_byte_[a.normalized ? 1 : 0][static_cast<unsigned char>(a.content[0])] = true;
+    }
     for (auto const& a : added_)
       if (a.single_word) word_char_ = Regex(R"(^[\p{L}\p{N}\p{M}_])", source_ + ": single_word");
 
@@ -618,7 +621,9 @@ class Tokenizer {
       // are dropped afterwards when parse_special is off, as HF does)
       std::size_t best = s.size();
       AddedToken const* hit = nullptr;
+      auto const& first = added_first_byte_[normalized_pass ? 1 : 0];
       for (std::size_t i = pos; i < s.size() && !hit; ++i) {
+        if (!first[static_cast<unsigned char>(s[i])]) continue;
         for (auto idx : added_by_length_) {
           auto const& a = added_[idx];
           if (a.normalized != normalized_pass) continue;
@@ -768,8 +773,59 @@ class Tokenizer {
     return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
   }
 
-  // Ranked BPE over one word's bytes: repeatedly merge the leftmost pair of lowest rank (what HF's priority queue
-  // does). Results are cached per word.
+  // Ranked BPE over one word's bytes with a heap of candidate pairs ordered by (rank, position): the lowest rank
+  // merges first, leftmost among equals, as HF's word.rs does; stale candidates are skipped. O(n log n).
+  std::vector<std::int32_t> merge_word_(std::string const& word) const {
+    struct Sym {
+      std::int32_t id;
+      std::int32_t prev, next;
+    };
+    struct Cand {
+      std::int32_t rank, pos, merged, left, right;
+      bool operator>(Cand const& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+    };
+    std::vector<Sym> sy;
+    sy.reserve(word.size());
+    for (unsigned char b : word)
+      if (byte_id_[b] >= 0) {  // a byte missing from the vocab is dropped, as in HF
+        auto n = static_cast<std::int32_t>(sy.size());
+        sy.push_back({byte_id_[b], n - 1, n + 1});
+      }
+    if (sy.empty()) return {};
+    sy.back().next = -1;
+    std::vector<Cand> heap;
+    auto push = [&](std::int32_t l) {
+      if (l < 0) return;
+      std::int32_t r = sy[static_cast<std::size_t>(l)].next;
+      if (r < 0) return;
+      auto it = merges_.find(pair_key_(sy[static_cast<std::size_t>(l)].id, sy[static_cast<std::size_t>(r)].id));
+      if (it == merges_.end()) return;
+      heap.push_back({it->second.rank, l, it->second.merged, sy[static_cast<std::size_t>(l)].id, sy[static_cast<std::size_t>(r)].id});
+      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+    };
+    for (std::int32_t i = 0; i + 1 < static_cast<std::int32_t>(sy.size()); ++i) push(i);
+    std::vector<bool> dead(sy.size(), false);
+    while (!heap.empty()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      Cand c = heap.back();
+      heap.pop_back();
+      auto& l = sy[static_cast<std::size_t>(c.pos)];
+      if (dead[static_cast<std::size_t>(c.pos)] || l.id != c.left || l.next < 0) continue;
+      auto& r = sy[static_cast<std::size_t>(l.next)];
+      if (r.id != c.right) continue;
+      l.id = c.merged;
+      dead[static_cast<std::size_t>(l.next)] = true;
+      l.next = r.next;
+      if (r.next >= 0) sy[static_cast<std::size_t>(r.next)].prev = c.pos;
+      push(l.prev);
+      push(c.pos);
+    }
+    std::vector<std::int32_t> out;
+    for (std::int32_t i = 0; i >= 0; i = sy[static_cast<std::size_t>(i)].next) out.push_back(sy[static_cast<std::size_t>(i)].id);
+    return out;
+  }
+
+  // BPE of one pre-tokenized word, cached per word.
   void bpe_(std::string const& word, std::vector<std::int32_t>& ids) const {
     {
       std::lock_guard<std::mutex> lock(cache_->mutex);
@@ -784,26 +840,7 @@ class Tokenizer {
       auto it = token_to_id_.find(to_byte_chars_(word));
       if (it != token_to_id_.end()) sym.push_back(it->second);
     }
-    if (sym.empty()) {
-      sym.reserve(word.size());
-      for (unsigned char b : word)
-        if (byte_id_[b] >= 0) sym.push_back(byte_id_[b]);  // a byte missing from the vocab is dropped, as in HF
-      while (sym.size() > 1) {
-        std::int32_t best_rank = INT32_MAX, best_merged = -1;
-        std::size_t best_i = 0;
-        for (std::size_t i = 0; i + 1 < sym.size(); ++i) {
-          auto it = merges_.find(pair_key_(sym[i], sym[i + 1]));
-          if (it != merges_.end() && it->second.rank < best_rank) {
-            best_rank = it->second.rank;
-            best_merged = it->second.merged;
-            best_i = i;
-          }
-        }
-        if (best_merged < 0) break;
-        sym[best_i] = best_merged;
-        sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_i) + 1);
-      }
-    }
+    if (sym.empty()) sym = merge_word_(word);
     ids.insert(ids.end(), sym.begin(), sym.end());
     std::lock_guard<std::mutex> lock(cache_->mutex);
     if (cache_->map.size() > 200000) cache_->map.clear();  // bound memory on long varied inputs
@@ -824,6 +861,7 @@ class Tokenizer {
   std::array<std::int32_t, 256> byte_id_{};
   std::vector<AddedToken> added_;
   std::vector<std::size_t> added_by_length_;
+  std::array<std::array<bool, 256>, 2> added_first_byte_{};  // [normalized pass][first byte of some token]
   std::vector<PreStep> pre_;
   Regex word_char_;
   bool ignore_merges_ = false, nfc_ = false;
