@@ -85,7 +85,7 @@ void run_graph(benchmark::State& state, int n, double bytes_per_op, Body body) {
   check(cudaStreamSynchronize(s), "warm-up");
   cudaGraph_t graph;
   cudaGraphExec_t exec;
-  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+  check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "begin capture");
   for (int i = 0; i < n; ++i) check(body(i, s), "captured launch");
   check(cudaStreamEndCapture(s, &graph), "end capture");
   check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
