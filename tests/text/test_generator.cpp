@@ -175,3 +175,26 @@ TEST_CASE("generator: sampling with a seed is reproducible; bad prompts are erro
   CHECK_THROWS_AS(gen.generate(std::vector<std::int32_t>{}, p, [](std::string_view) { return true; }), ling::Error);
   CHECK_THROWS_AS(gen.generate(std::vector<std::int32_t>{5000}, p, [](std::string_view) { return true; }), ling::Error);
 }
+
+#include "ling/runtime/any_session.hpp"
+
+TEST_CASE("generator: AnySession forwards to the wrapped session") {
+  FakeSession fake;
+  fake.script = tok().encode("type erased");
+  fake.script.push_back(*tok().token_to_id("<|role_end|>"));
+  AnySession any(std::move(fake), "fake");
+  CHECK(any.backend() == "fake");
+  CHECK(any.vocab_size() == 2048);
+  Generator<AnySession> gen(any, tok());
+  std::string out;
+  auto st = gen.generate("x", greedy(), [&](std::string_view p) {
+    out += p;
+    return true;
+  });
+  CHECK(out == "type erased");
+  CHECK(st.stop_reason == StopReason::kEos);
+  REQUIRE(any.get<FakeSession>() != nullptr);
+  CHECK(any.get<FakeSession>()->prefill_calls == 1);
+  CHECK(any.position() == any.get<FakeSession>()->pos);
+  CHECK(any.get<int>() == nullptr);
+}
