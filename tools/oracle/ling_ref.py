@@ -305,6 +305,19 @@ def canonical_names(cfg: RefConfig, w: dict) -> dict:
     return out
 
 
+def canonicalize_safetensors_header(path: str):
+    """Rewrites a safetensors header with sorted keys (same length, space padded): safetensors writes its
+    __metadata__ map in hash order, so without this, regenerated files differ in bytes though not in content."""
+    with open(path, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        head = json.loads(f.read(n))
+        text = json.dumps(head, sort_keys=True, separators=(",", ":")).encode()
+        if len(text) > n:
+            return
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))
+
+
 def load_model(model_dir: str, dtype=torch.float32) -> "Model":
     cfg = RefConfig.from_dict(json.load(open(os.path.join(model_dir, "config.json"))))
     w = canonical_names(cfg, dequantize_all(read_safetensors_dir(model_dir)))
@@ -435,6 +448,7 @@ class Model:
         self.dtype = dtype
         self.w = {k: v.to(dtype) for k, v in weights.items()}
         self.kda_mode = kda_mode  # auto: chunked for T>1, recurrent for T==1; or "recurrent" / "chunked"
+        self.trace = None  # set to a dict to record per-layer intermediates of forward() (name -> tensor)
         if "lm_head.weight" not in self.w:
             if cfg.tie_word_embeddings:
                 self.w["lm_head.weight"] = self.w["model.word_embeddings.weight"]
@@ -571,8 +585,14 @@ class Model:
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             u = rms_norm(x, w[p + "input_layernorm.weight"], c.rms_norm_eps)
-            h = x + (self.mla(i, u, cache, pos0) if c.layer_types[i] == "mla" else self.kda(i, u, cache))
-            x = h + self.ffn(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
+            mix = self.mla(i, u, cache, pos0) if c.layer_types[i] == "mla" else self.kda(i, u, cache)
+            h = x + mix
+            ffn = self.ffn(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], c.rms_norm_eps))
+            x = h + ffn
+            if self.trace is not None:
+                self.trace[f"layer{i}.mixer_out"] = mix.clone()
+                self.trace[f"layer{i}.ffn_out"] = ffn.clone()
+                self.trace[f"layer{i}.hidden_out"] = x.clone()
         cache.pos += len(tokens)
         hn = rms_norm(x, w["model.norm.weight"], c.rms_norm_eps)
         return hn @ w["lm_head.weight"].T, hn

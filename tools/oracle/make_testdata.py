@@ -256,6 +256,7 @@ def save_expected(d: str, out: dict, meta: dict):
     if "mtp_logits" in out:
         t["mtp_logits"] = out["mtp_logits"].float().contiguous()
     save_file(t, os.path.join(d, "expected.safetensors"), metadata={k: str(v) for k, v in meta.items()})
+    R.canonicalize_safetensors_header(os.path.join(d, "expected.safetensors"))
 
 
 def dir_size(d):

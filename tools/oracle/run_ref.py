@@ -2,6 +2,7 @@
 
     python tools/oracle/run_ref.py --model DIR --tokens 5,17,42 --out L.npy [--decode N] [--mtp-out M.npy]
                                    [--dtype float32|float64] [--compare L_cpp.npy] [--compare-mtp M_cpp.npy]
+                                   [--dump DIR]   (per-layer prefill intermediates: layer{i}.{mixer_out,ffn_out,hidden_out}.npy)
 
 L.npy float32 [T+N, vocab]: rows 0..T-1 prefill logits, then N greedy steps through the cached single-token
 path (g0 = argmax(row T-1); feeding g_i yields row T+i). Prints `greedy: g0 ... g(N-1)`.
@@ -31,6 +32,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--compare", default="")
     ap.add_argument("--compare-mtp", default="")
+    ap.add_argument("--dump", default="", help="folder: per-layer prefill intermediates as .npy (for debugging)")
     a = ap.parse_args()
     try:
         tokens = [int(t) for t in a.tokens.split(",")]
@@ -43,6 +45,15 @@ def main():
     if a.mtp_out and model.cfg.num_nextn_predict_layers == 0:
         sys.exit(f"error: {a.model}: --mtp-out given but the model has no MTP layer")
     with torch.no_grad():
+        if a.dump:
+            os.makedirs(a.dump, exist_ok=True)
+            model.trace = {}
+            _, hn = model.forward(tokens)
+            model.trace["final_hidden_norm"] = hn
+            for k, v in model.trace.items():
+                np.save(os.path.join(a.dump, k + ".npy"), v.float().numpy())
+            model.trace = None
+            print(f"dumped {len(os.listdir(a.dump))} arrays [T, hidden] to {a.dump}")
         out, _ = R.reference_outputs(model, tokens, a.decode, bool(a.mtp_out), check=False)
     L = torch.cat([out["prefill_logits"], out["decode_logits"]]).float().numpy()
     np.save(a.out, L)
