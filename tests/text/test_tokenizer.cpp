@@ -266,3 +266,27 @@ TEST_CASE("tokenizer: long inputs (one 200k-letter word, 100k spaces, 50k digits
   CHECK(ids.size() > 50000);  // every digit is its own word in the Ling split
   CHECK(tok.decode(ids) == s);
 }
+
+TEST_CASE("tokenizer: Split behaviors / invert, String pattern, single_word and normalized added tokens vs HF") {
+  std::ifstream in(data("tokenizer.json"));
+  nlohmann::json base = nlohmann::json::parse(in);
+  int variants = 0, cases = 0;
+  for (auto const& v : read_jsonl(data("cases_variants.jsonl"))) {
+    nlohmann::json j = base;
+    auto const& edit = v["edit"];
+    if (edit.contains("pre_tokenizer")) j["pre_tokenizer"] = edit["pre_tokenizer"];
+    if (edit.contains("extra_added"))
+      for (auto const& a : edit["extra_added"]) j["added_tokens"].push_back(a);
+    auto tok = Tokenizer::from_json_text(j.dump(), "variant");
+    CAPTURE(edit.dump());
+    for (auto const& c : v["cases"]) {
+      auto text = c["text"].get<std::string>();
+      CAPTURE(text);
+      CHECK(tok.encode(text) == c["ids"].get<std::vector<std::int32_t>>());
+      ++cases;
+    }
+    ++variants;
+  }
+  CHECK(variants == 14);
+  CHECK(cases == 140);
+}

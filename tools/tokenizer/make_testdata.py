@@ -218,7 +218,40 @@ def main():
             ids_ns = pre.encode(t, add_special_tokens=False).ids
             pre.encode_special_tokens = False
             f.write(json.dumps({"text": t, "ids": ids, "ids_no_special": ids_ns}, ensure_ascii=False) + "\n")
+    write_variants()
     print("wrote", OUT, file=sys.stderr)
+
+
+# ---- variants of tokenizer.json for the less common paths: Split behaviors / invert, String patterns,
+# single_word and normalized added tokens. Each line names the edits; the C++ test applies them to tokenizer.json.
+SPLIT_TEXTS = ["Hello  world 123 abc", "  lead and trail  ", "a1b22c333", "x\n\ny\tz", "calc calculator recalc calc!",
+               "(calc) _calc calc_ 1calc", "ünï calc ß", "", "   ", "no separators"]
+
+
+def write_variants():
+    base = json.load(open(os.path.join(OUT, "tokenizer.json"), encoding="utf-8"))
+    variants = []
+    for behavior in ["Removed", "Isolated", "MergedWithPrevious", "MergedWithNext", "Contiguous"]:
+        for invert in [False, True]:
+            variants.append({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": r"\s+|\d"}, "behavior": behavior, "invert": invert},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}})
+    variants.append({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithNext", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True}]}})
+    for single_word, normalized in [(True, True), (True, False), (False, True)]:
+        variants.append({"extra_added": [{"id": 2006, "content": "calc", "single_word": single_word, "lstrip": False,
+                                          "rstrip": False, "normalized": normalized, "special": False}]})
+    with open(os.path.join(OUT, "cases_variants.jsonl"), "w", encoding="utf-8") as f:
+        for v in variants:
+            j = json.loads(json.dumps(base))
+            if "pre_tokenizer" in v:
+                j["pre_tokenizer"] = v["pre_tokenizer"]
+            for a in v.get("extra_added", []):
+                j["added_tokens"].append(a)
+            tok = Tokenizer.from_str(json.dumps(j))
+            cases = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in SPLIT_TEXTS]
+            f.write(json.dumps({"edit": v, "cases": cases}, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":
