@@ -316,6 +316,7 @@ inline void kda_chunk(std::int64_t kd, std::int64_t n, std::int64_t stride, floa
 
 // Per-token recurrence (spec §2): per head S <- Diag(e^g) S; S <- S + beta k (v - S^T k)^T; o = S^T q.
 // Inputs [T, P] (b: [T, H]) are projection outputs before conv/activations; out [T, P] is ready for o_proj.
+// out may alias any input (all are consumed before out is written; g only element by element).
 inline void kda_forward_recurrent(KdaCoreConfig const& cfg, KdaCoreWeights const& w, KdaState& state, std::int64_t T,
                                   float const* x_q, float const* x_k, float const* x_v, float const* f, float const* b,
                                   float const* g, float* out) {
@@ -352,7 +353,9 @@ inline void kda_forward_recurrent(KdaCoreConfig const& cfg, KdaCoreWeights const
   detail::kda_finish(cfg, w, T, o.data(), g, out);
 }
 
-// Chunked WY/UT form (spec §2) for prefill: same inputs, outputs and state update as the recurrent form.
+// Chunked WY/UT form (spec §2) for prefill: same inputs, outputs and state update as the recurrent form (equal to
+// ~1e-6 relative L2 in fp32). Its flop count is about the recurrent one's; it exists for the GEMM-shaped work
+// (the GPU's tensor cores), and on the CPU it is the independent check of the recurrent form and vice versa.
 inline void kda_forward_chunked(KdaCoreConfig const& cfg, KdaCoreWeights const& w, KdaState& state, std::int64_t T,
                                 float const* x_q, float const* x_k, float const* x_v, float const* f, float const* b,
                                 float const* g, float* out, std::int64_t chunk = 64) {
