@@ -45,10 +45,34 @@ __device__ __forceinline__ uint4 ld_stream(void const* p) {
   return v;
 }
 
-// Stages x[0..n) into xs (padded layout), zero-filling up to n_stage (rounded to 32). All threads of the block.
+// Inputs are staged multiplied by kXPre (2^48) so that products with weights decoded at a tiny scale (the fast
+// decoders build fp32 bit patterns from the stored codes: E4M3 lands 2^-120 below its value, E2M1 2^-126) stay
+// normal; each policy's kPost undoes both. Powers of two: exact.
+inline constexpr float kXPre = 281474976710656.0f;  // 2^48
+
+// Stages src(c) for c < n_stage (rounded up to 32; src returns 0 past the input) into xs (padded layout), times
+// kXPre. Loads are batched (kStageBatch per thread in flight) so the prologue costs one L2 round trip, not n/256.
+inline constexpr int kStageBatch = 16;
+template <class Src>
+__device__ __forceinline__ void stage(float* xs, std::int64_t n_stage, Src src) {
+  int const end = int(round32(n_stage));
+  for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
+    float v[kStageBatch];
+#pragma unroll
+    for (int i = 0; i < kStageBatch; ++i) {
+      int const c = base + i * int(blockDim.x);
+      v[i] = c < end ? src(c) : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kStageBatch; ++i) {
+      int const c = base + i * int(blockDim.x);
+      if (c < end) xs[xpad(c)] = v[i] * kXPre;
+    }
+  }
+}
+// Stages x[0..n), zero-filled up to n_stage.
 __device__ __forceinline__ void stage_x(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
-  std::int64_t const end = round32(n_stage);
-  for (std::int64_t c = threadIdx.x; c < end; c += blockDim.x) xs[xpad(int(c))] = c < n ? x[c] : 0.f;
+  stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
 }
 
 __device__ __forceinline__ float ue8m0_float(std::uint8_t s) {
@@ -67,6 +91,8 @@ __device__ __forceinline__ std::uint32_t word(uint4 const& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+inline constexpr float kPostPlain = 3.5527136788005009e-15f;  // 2^-48
+
 // ---- fast chunk decoders -------------------------------------------------------------------------------
 // kElems elements per 16-byte chunk (divides 32, so a chunk never straddles an xpad gap); kUnroll chunks per lane
 // per batch of loads; dot<NR>() = Σ_e w[n][e] x[e] over one chunk of NR rows; chunk_scale / row_scale multiply it.
@@ -76,6 +102,7 @@ struct FastOps;
 template <>
 struct FastOps<quant::F32> {
   static constexpr int kElems = 4, kUnroll = 8;
+  static constexpr float kPost = kPostPlain;
   template <int NR>
   __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
     float4 x = *reinterpret_cast<float4 const*>(xp);
@@ -91,6 +118,7 @@ struct FastOps<quant::F32> {
 template <>
 struct FastOps<quant::Bf16> {
   static constexpr int kElems = 8, kUnroll = 8;
+  static constexpr float kPost = kPostPlain;
   template <int NR>
   __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
     float4 xa = reinterpret_cast<float4 const*>(xp)[0], xb = reinterpret_cast<float4 const*>(xp)[1];
@@ -114,6 +142,7 @@ struct FastOps<quant::Bf16> {
 template <>
 struct FastOps<quant::F16> {
   static constexpr int kElems = 8, kUnroll = 8;
+  static constexpr float kPost = kPostPlain;
   template <int NR>
   __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
     float4 xa = reinterpret_cast<float4 const*>(xp)[0], xb = reinterpret_cast<float4 const*>(xp)[1];
@@ -138,9 +167,45 @@ struct FastOps<quant::F16> {
   __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
 };
 
-// 16 E4M3 -> fp32 through the hardware fp8x2 -> half2 conversion (exact), fp32 FMA.
+// 16 E4M3 -> fp32 without the conversion pipe (its half->float and fp8->half conversions run at a quarter of the
+// FMA rate and capped FP8 at ~60% of the read bandwidth): the code's 7 exponent/mantissa bits are placed at float
+// bits 20..26 (value * 2^-120, subnormals included: FFMA takes denormal inputs exactly), and the sign is applied
+// to x (xor of its sign bit), which keeps each element at two shifts, two logic ops and one FFMA.
+// (E4M3 NaN codes decode as finite; checkpoints carry none.)
+__device__ __forceinline__ float fp8_mag(std::uint32_t bits) { return __uint_as_float(bits & 0x07F00000u); }
+__device__ __forceinline__ float xor_sign(float x, std::uint32_t bits) {
+  return __uint_as_float(__float_as_uint(x) ^ (bits & 0x80000000u));
+}
 struct Fp8Dot {
   static constexpr int kElems = 16, kUnroll = 8;
+  static constexpr float kPost = 4722366482869645213696.0f;  // 2^72 = 2^120 / kXPre
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
+    float a0[NR], a1[NR];
+    zero(a0);
+    zero(a1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float4 x = x4[i];
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        std::uint32_t u = word(v[n], i);
+        a0[n] = fmaf(fp8_mag(u << 20), xor_sign(x.x, u << 24), a0[n]);
+        a1[n] = fmaf(fp8_mag(u << 12), xor_sign(x.y, u << 16), a1[n]);
+        a0[n] = fmaf(fp8_mag(u << 4), xor_sign(x.z, u << 8), a0[n]);
+        a1[n] = fmaf(fp8_mag(u >> 4), xor_sign(x.w, u), a1[n]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
+  }
+};
+
+// The previous FP8 decoder (hardware fp8x2 -> half2 -> float conversions), kept as a benchmark variant.
+struct Fp8DotCvt {
+  static constexpr int kElems = 16, kUnroll = 8;
+  static constexpr float kPost = kPostPlain;
   template <int NR>
   __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
     float4 const* x4 = reinterpret_cast<float4 const*>(xp);
@@ -182,11 +247,52 @@ struct FastOps<quant::Fp8Row> : Fp8Dot {
   __device__ static float row_scale(void const* s, std::int64_t r) { return __ldg(static_cast<float const*>(s) + r); }
 };
 
-// MXFP4: a chunk = 32 elements = one scale block. E2M1 codes become halves by placing the code's bits in a half's
-// exponent/mantissa (value * 2^-14, exact, subnormals included); the 2^14 is folded into the block scale.
-template <>
-struct FastOps<quant::Mxfp4> {
+// MXFP4: a chunk = 32 elements = one scale block. Each E2M1 code's exponent/mantissa bits go to float bits 22..24
+// (value * 2^-126; code 1 is the denormal 2^-127, exact as an FFMA input) and its sign onto x, as for FP8: no
+// conversion instructions. Element i of a 32-bit word is nibble i (low nibble = even element).
+template <int kI>
+__device__ __forceinline__ float e2m1_mag(std::uint32_t w) {
+  constexpr int s = 22 - 4 * kI;  // nibble i's bits 0..2 -> float bits 22..24
+  return __uint_as_float((s >= 0 ? (w << (s >= 0 ? s : 0)) : (w >> (s < 0 ? -s : 0))) & 0x01C00000u);
+}
+template <int kI>
+__device__ __forceinline__ float e2m1_signed_x(float x, std::uint32_t w) {
+  return xor_sign(x, w << (28 - 4 * kI));  // nibble i's bit 3 -> bit 31
+}
+struct Mxfp4DotBits {
   static constexpr int kElems = 32, kUnroll = 4;
+  static constexpr float kPost = 302231454903657293676544.0f;  // 2^78 = 2^126 / kXPre
+  template <int NR>
+  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
+    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
+    float a0[NR], a1[NR];
+    zero(a0);
+    zero(a1);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // 32-bit word i: elements 8i..8i+7
+      float4 xa = x4[2 * i], xb = x4[2 * i + 1];
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        std::uint32_t const w = word(v[n], i);
+        a0[n] = fmaf(e2m1_mag<0>(w), e2m1_signed_x<0>(xa.x, w), a0[n]);
+        a1[n] = fmaf(e2m1_mag<1>(w), e2m1_signed_x<1>(xa.y, w), a1[n]);
+        a0[n] = fmaf(e2m1_mag<2>(w), e2m1_signed_x<2>(xa.z, w), a0[n]);
+        a1[n] = fmaf(e2m1_mag<3>(w), e2m1_signed_x<3>(xa.w, w), a1[n]);
+        a0[n] = fmaf(e2m1_mag<4>(w), e2m1_signed_x<4>(xb.x, w), a0[n]);
+        a1[n] = fmaf(e2m1_mag<5>(w), e2m1_signed_x<5>(xb.y, w), a1[n]);
+        a0[n] = fmaf(e2m1_mag<6>(w), e2m1_signed_x<6>(xb.z, w), a0[n]);
+        a1[n] = fmaf(e2m1_mag<7>(w), e2m1_signed_x<7>(xb.w, w), a1[n]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
+  }
+};
+
+// The previous MXFP4 decoder (codes placed in halves, then half->float conversions), a benchmark variant.
+struct Mxfp4DotHalf {
+  static constexpr int kElems = 32, kUnroll = 4;
+  static constexpr float kPost = 16384.0f * kPostPlain;  // halves hold value * 2^-14
   __device__ static float2 pair(std::uint32_t h) {
     __half2_raw r;
     r.x = std::uint16_t(h & 0xFFFFu);
@@ -200,17 +306,16 @@ struct FastOps<quant::Mxfp4> {
     zero(a0);
     zero(a1);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {       // 32-bit word i: elements 8i..8i+7
+    for (int i = 0; i < 4; ++i) {
 #pragma unroll
-      for (int hb = 0; hb < 2; ++hb) {  // bytes 2hb, 2hb+1: elements 8i+4hb .. +3
+      for (int hb = 0; hb < 2; ++hb) {
         float4 x = x4[2 * i + hb];
 #pragma unroll
         for (int n = 0; n < NR; ++n) {
           std::uint32_t w = word(v[n], i);
-          // byte 2hb in bits 0..7, byte 2hb+1 in bits 16..23
           std::uint32_t t = __byte_perm(w, 0u, hb == 0 ? 0x4140u : 0x4342u);
-          std::uint32_t lo = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);  // elements 0, 2
-          std::uint32_t hi = ((t & 0x00700070u) << 5) | ((t & 0x00800080u) << 8);   // elements 1, 3
+          std::uint32_t lo = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+          std::uint32_t hi = ((t & 0x00700070u) << 5) | ((t & 0x00800080u) << 8);
           float2 fl = pair(lo), fh = pair(hi);
           a0[n] = fmaf(fl.x, x.x, a0[n]);
           a1[n] = fmaf(fh.x, x.y, a1[n]);
@@ -222,11 +327,17 @@ struct FastOps<quant::Mxfp4> {
 #pragma unroll
     for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
   }
+};
+
+template <class Dot>
+struct Mxfp4Ops : Dot {
   __device__ static float chunk_scale(void const* s, MatrixArgs const& m, std::int64_t r, int j) {
-    return ue8m0_float(__ldg(static_cast<std::uint8_t const*>(s) + r * (m.cols >> 5) + j)) * 16384.0f;
+    return ue8m0_float(__ldg(static_cast<std::uint8_t const*>(s) + r * (m.cols >> 5) + j));
   }
   __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
 };
+template <>
+struct FastOps<quant::Mxfp4> : Mxfp4Ops<Mxfp4DotBits> {};
 
 // ---- one warp, NR rows ----------------------------------------------------------------------------------
 // Lane partial sums (not yet reduced across the warp) of rows r[n] of the matrices whose storage and scales start
@@ -249,7 +360,7 @@ struct RowDot {  // generic: P::decode, element by element
           acc[n] += P::decode(static_cast<S const*>(data[n]), static_cast<Sc const*>(scales[n]), m.rows, m.cols, r[n], c) * xv;
     }
   }
-  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
+  __device__ static float row_scale(void const*, std::int64_t) { return kPostPlain; }
 };
 
 template <class P>
@@ -294,7 +405,8 @@ struct RowDot<P, std::enable_if_t<has_fast_kernel<P>>> {
       }
     }
   }
-  __device__ static float row_scale(void const* s, std::int64_t r) { return Ops::row_scale(s, r); }
+  // the policy's row scale times its kPost (undoes kXPre and the decoder's exponent offset)
+  __device__ static float row_scale(void const* s, std::int64_t r) { return Ops::row_scale(s, r) * Ops::kPost; }
 };
 
 // Input elements to stage for a matrix: the padded row in the fast layout, cols otherwise.

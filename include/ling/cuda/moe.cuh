@@ -123,7 +123,7 @@ __device__ __forceinline__ float down_routed_fast(MoeArgs const& a, int const* s
         char const* row = static_cast<char const*>(batch_data<P>(m, e)) + row_off;
         void const* scl = batch_scales<P>(m, e);
         v[u][0] = ld_stream(reinterpret_cast<uint4 const*>(row) + j);
-        sc[u] = Ops::chunk_scale(scl, m, r, j) * Ops::row_scale(scl, r) * s_w[s];
+        sc[u] = Ops::chunk_scale(scl, m, r, j) * RowDot<P>::row_scale(scl, r) * s_w[s];
       } else {
         v[u][0] = make_uint4(0, 0, 0, 0);
         sc[u] = q < nq ? __uint_as_float(0x7FC00000u) : 0.f;  // bad expert id: NaN, visibly
@@ -160,7 +160,7 @@ __device__ __forceinline__ float down_routed_generic(MoeArgs const& a, int const
     for (std::int64_t c = lane; c < m.cols; c += 32) part += P::decode(w, sc, m.rows, m.cols, r, c) * xs[xpad(s * seg + int(c))];
     acc = fmaf(s_w[s], part, acc);
   }
-  return acc;
+  return acc * RowDot<P>::row_scale(nullptr, 0);
 }
 
 template <class KE, class KS>
@@ -174,12 +174,14 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a, float con
   __shared__ float s_w[kMoeMaxTopK];
   int const seg = int(round32(staged_elems<PE>(a.down)));
   std::int64_t const inter = a.down.cols;
-  // routed slots: h[s*inter + c] at segment s; the shared expert's h at segment top_k
-  for (int s = 0; s < a.top_k; ++s) {
-    for (std::int64_t c = threadIdx.x; c < seg; c += blockDim.x)
-      xs[xpad(s * seg + int(c))] = c < inter ? h[s * inter + c] : 0.f;
-  }
-  if (a.has_shared) stage_x(xs + xpad(a.top_k * seg), h + a.top_k * inter, a.sdown.cols, staged_elems<PS>(a.sdown));
+  // routed slots: h[s*inter + c] at segment s (each padded to seg); the shared expert's h at segment top_k
+  int const top_k = a.top_k;
+  std::int64_t const shared_n = a.has_shared ? a.sdown.cols : 0;
+  stage(xs, std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0), [=](int c) {
+    int const s = c / seg < top_k ? c / seg : top_k, j = c - s * seg;
+    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
+    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
+  });
   stage_idx(s_idx, s_w, a);
   __syncthreads();
 

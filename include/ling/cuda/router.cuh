@@ -21,23 +21,11 @@ struct RouterArgs {
   int norm_topk_prob;
 };
 
-__device__ __forceinline__ unsigned long long block_max_u64(unsigned long long v, unsigned long long* scratch) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max_u64(v);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  unsigned long long b = 0;
-  for (int w = 0; w < kWarps; ++w) b = scratch[w] > b ? scratch[w] : b;
-  return b;
-}
-
 __device__ inline void router_select(RouterArgs const& a) {
   __shared__ float s_score[kRouterMaxExperts];
   __shared__ float s_sel[kRouterMaxExperts];
   __shared__ float s_group[kRouterMaxGroups];
   __shared__ unsigned char s_keep[kRouterMaxGroups];
-  __shared__ unsigned long long s_red[kWarps];
   __shared__ int s_chosen[kRouterMaxTopK];
   int const E = int(a.w.rows), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float const ninf = __uint_as_float(0xFF800000u);
@@ -83,21 +71,23 @@ __device__ inline void router_select(RouterArgs const& a) {
       if (!s_keep[e / gsize]) s_sel[e] = ninf;
     __syncthreads();
   }
+  // top-k by one warp (no block barriers): k rounds of a warp arg-max over 64-bit keys
+  if (warp != 0) return;
   for (int k = 0; k < a.top_k; ++k) {
     unsigned long long best = 0;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    for (int e = lane; e < E; e += 32) {
       unsigned long long key = argmax_key(s_sel[e], e);
       best = key > best ? key : best;
     }
-    best = block_max_u64(best, s_red);
-    if (threadIdx.x == 0) {
-      int const e = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+    best = warp_max_u64(best);
+    int const e = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+    if (lane == 0) {
       s_chosen[k] = e;
       s_sel[e] = __uint_as_float(0xFFFFFFFFu);  // -NaN: orders below -inf, never chosen again
     }
-    __syncthreads();
+    __syncwarp();
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     float sum = 0.f;
     for (int k = 0; k < a.top_k; ++k) sum += s_score[s_chosen[k]];
     for (int k = 0; k < a.top_k; ++k) {
