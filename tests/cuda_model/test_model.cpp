@@ -35,10 +35,11 @@ void compare(std::string const& name, int prompt_len, int decode_steps) {
   std::string const dir = std::string(LING_TEST_DATA) + "/" + name;
   CAPTURE(name);
   auto cpu = ling::runtime::Session::open(dir);
-  auto gpu = ling::cuda::CudaSession::open(dir);
+  // BF16 head here (the CPU head is BF16); the online FP8 head is compared on its own below
+  auto gpu = ling::cuda::CudaSession::open(dir, {4096, false, true});
   std::mt19937 rng{std::random_device{}()};
   std::uniform_int_distribution<int> tok(0, int(cpu.vocab_size()) - 1);
-  std::vector<std::int32_t> prompt(std::size_t(prompt_len));
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
   for (auto& t : prompt) t = tok(rng);
   auto cl = cpu.prefill(prompt);
   std::vector<float> cpu_logits(cl.begin(), cl.end());
@@ -78,6 +79,46 @@ TEST_CASE("CUDA model = CPU model on the tests/data checkpoints") {
     return;
   }
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4", "ling-b-bf16"}) compare(n, 23, 12);
+}
+
+TEST_CASE("online FP8 LM head vs BF16 on the tests/data checkpoints: top-1 agreement and mean KL") {
+  if (!ling::cuda::device_available()) return;
+  for (char const* n : {"ling-a-bf16", "ling-a-fp4", "ling-b-bf16"}) {
+    std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
+    auto f8 = ling::cuda::CudaSession::open(dir, {4096, true, true});
+    auto b16 = ling::cuda::CudaSession::open(dir, {4096, false, true});
+    std::mt19937 rng{std::random_device{}()};
+    std::uniform_int_distribution<int> tok(0, int(f8.vocab_size()) - 1);
+    std::vector<std::int32_t> prompt(8);
+    for (auto& t : prompt) t = tok(rng);
+    auto a = f8.prefill(prompt);
+    std::vector<float> la(a.begin(), a.end());
+    auto b = b16.prefill(prompt);
+    std::vector<float> lb(b.begin(), b.end());
+    int agree = 0, steps = 24;
+    double kl_sum = 0;
+    for (int s = 0; s < steps; ++s) {
+      auto [ta, ma] = top1_margin(la);
+      auto [tb, mb] = top1_margin(lb);
+      (void)ma, (void)mb;
+      agree += ta == tb;
+      double xa = *std::max_element(la.begin(), la.end()), xb = *std::max_element(lb.begin(), lb.end()), za = 0, zb = 0;
+      for (std::size_t i = 0; i < la.size(); ++i) za += std::exp(la[i] - xa), zb += std::exp(lb[i] - xb);
+      double kl = 0;
+      for (std::size_t i = 0; i < la.size(); ++i) {
+        double pb = std::exp(lb[i] - xb) / zb;
+        kl += pb * ((lb[i] - xb - std::log(zb)) - (la[i] - xa - std::log(za)));
+      }
+      kl_sum += kl;
+      auto na = f8.decode(tb);  // both follow the BF16 greedy path
+      la.assign(na.begin(), na.end());
+      auto nb = b16.decode(tb);
+      lb.assign(nb.begin(), nb.end());
+    }
+    MESSAGE(n << ": FP8 head vs BF16 top-1 agreement " << double(agree) / steps << ", mean KL " << kl_sum / steps);
+    CHECK(kl_sum / steps < 0.05);
+    CHECK(agree >= steps / 2);
+  }
 }
 
 TEST_CASE("CUDA session refuses bad input with ling::Error") {

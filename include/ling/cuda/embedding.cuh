@@ -8,6 +8,8 @@ namespace ling::cuda {
 
 template <MatFormat F>
 __global__ void __launch_bounds__(256) embedding_kernel(EmbeddingArgs a) {
+  ops::pdl_trigger();
+  ops::pdl_wait();
   std::int64_t const t = blockIdx.x;
   std::int64_t const id = a.tokens[t];
   float* out = a.out + t * a.table.cols;
@@ -19,7 +21,7 @@ __global__ void __launch_bounds__(256) embedding_kernel(EmbeddingArgs a) {
 inline void embedding(EmbeddingArgs const& a, cudaStream_t st = nullptr) {
   if (a.count <= 0) return;
   ops::dispatch_format(a.table.format, [&](auto f) {
-    embedding_kernel<decltype(f)::value><<<unsigned(a.count), 256, 0, st>>>(a);
+    ops::launch(embedding_kernel<decltype(f)::value>, unsigned(a.count), 256, 0, st, a);
   });
   check_launch("embedding");
 }

@@ -5,6 +5,7 @@
 // slices. One pass gives both S'ᵀk and S'ᵀq (S' = decayed S), since o = S''ᵀq = S'ᵀq + (k·q) δ with δ = β(v − S'ᵀk).
 #include "ling/cuda/device_common.cuh"
 #include "ling/cuda/kda.hpp"
+#include "ling/cuda/model_ops.cuh"
 #include "ling/cuda/runtime.hpp"
 
 namespace ling::cuda {
@@ -25,6 +26,8 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
   int const h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int const nwarps = kKdaThreads / 32;
   int const v0 = s * kKdaCols;
+  ops::pdl_trigger();
+  ops::pdl_wait();
   std::int64_t const t = *a.position;
   int const slot = int(t % R);
   // Conv + SiLU for the head's q and k channels; the slice's v channels. Slice 0 records q/k inputs in the ring.
@@ -87,6 +90,7 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
   int const v = v0 + lane;
   bool const vok = v < V;
   float pk = 0.f, pq = 0.f, kq = 0.f;
+#pragma unroll 16
   for (int k = warp; k < K; k += nwarps) {
     float x = vok ? S[std::int64_t(k) * V + v] * decay[k] : 0.f;
     tile[k * kKdaCols + lane] = x;
@@ -113,6 +117,7 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
   // Pass 2: S'' = S' + k δᵀ
   float const d = delta[lane];
   if (vok)
+#pragma unroll 16
     for (int k = warp; k < K; k += nwarps) S[std::int64_t(k) * V + v] = tile[k * kKdaCols + lane] + ks[k] * d;
 }
 
@@ -124,10 +129,9 @@ inline std::size_t kda_step_smem(int head_dim) {
 inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
   require(a.heads > 0 && a.head_dim > 0 && a.conv_kernel >= 1, ErrorCode::kInvalidArgument, "kda_step: bad dims");
   std::size_t smem = kda_step_smem(a.head_dim);
-  if (smem > 48 * 1024)
-    check(cudaFuncSetAttribute(kda_step_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "kda smem");
+  ops::allow_smem(kda_step_kernel, smem);
   dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaCols - 1) / kKdaCols));
-  kda_step_kernel<<<grid, kKdaThreads, smem, st>>>(a);
+  ops::launch(kda_step_kernel, grid, kKdaThreads, smem, st, a);
   check_launch("kda_step");
 }
 

@@ -26,6 +26,8 @@ __global__ void __launch_bounds__(128) mla_prepare_kernel(MlaDecodeArgs a) {
   MlaDims const d = a.d;
   int const h = blockIdx.x, chunk = blockIdx.y, tid = threadIdx.x;
   int const L = d.latent(), qk = d.qk(), rowstride = d.nope + d.v;
+  ops::pdl_trigger();
+  ops::pdl_wait();
   std::int64_t const t = *a.position;
   float const* qh = a.q + std::int64_t(h) * qk;
   int const col = chunk * 128 + tid;
@@ -86,6 +88,8 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   float* lrun = mrun + H;
   float* alpha = lrun + H;
   int const tid = threadIdx.x, nthreads = blockDim.x;
+  ops::pdl_trigger();
+  ops::pdl_wait();
   std::int64_t const len = std::int64_t(*a.position) + 1;
   std::int64_t const chunk = mla_chunk(len, a.splits);
   std::int64_t const begin = std::int64_t(blockIdx.x) * chunk;
@@ -109,31 +113,43 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   for (std::int64_t t0 = begin; t0 < end; t0 += kMlaTile) {
     int const n = int(end - t0 < kMlaTile ? end - t0 : kMlaTile);
     __syncthreads();  // previous tile fully consumed (and Qs/mrun ready on the first pass)
+#pragma unroll 4
     for (int i = tid; i < n * vec_per_row; i += nthreads) {
       int row = i / vec_per_row, v = i % vec_per_row;
       uint4 val = ops::load_stream(a.cache + (t0 + row) * L + v * 8);
       *reinterpret_cast<uint4*>(Cs + row * Lp + v * 8) = val;
     }
     __syncthreads();
-    for (int i = tid; i < H * kMlaTile; i += nthreads) {
-      int h = i / kMlaTile, tt = i % kMlaTile;
-      float sc = -INFINITY;
-      if (tt < n) {
-        float const* q = Qs + h * L;
-        std::uint16_t const* c = Cs + tt * Lp;
-        float s0 = 0.f;
-        for (int v = 0; v < vec_per_row; ++v) {
-          uint4 cv = *reinterpret_cast<uint4 const*>(c + v * 8);
-          float4 qa = *reinterpret_cast<float4 const*>(q + v * 8);
-          float4 qb = *reinterpret_cast<float4 const*>(q + v * 8 + 4);
-          s0 += __uint_as_float(cv.x << 16) * qa.x + __uint_as_float(cv.x & 0xFFFF0000u) * qa.y +
-                __uint_as_float(cv.y << 16) * qa.z + __uint_as_float(cv.y & 0xFFFF0000u) * qa.w +
-                __uint_as_float(cv.z << 16) * qb.x + __uint_as_float(cv.z & 0xFFFF0000u) * qb.y +
-                __uint_as_float(cv.w << 16) * qb.z + __uint_as_float(cv.w & 0xFFFF0000u) * qb.w;
+    // Scores: lane = token of the tile, each warp 4 heads at a time; one 16-byte read of the cache row serves 4 heads.
+    {
+      int const lane = tid & 31, warp = tid >> 5, nwarps = nthreads >> 5;
+      int const tt = lane;
+      std::uint16_t const* c = Cs + tt * Lp;
+      for (int h0 = warp * 4; h0 < H; h0 += nwarps * 4) {
+        float s4[4] = {0.f, 0.f, 0.f, 0.f};
+        if (tt < n) {
+#pragma unroll 2
+          for (int v = 0; v < vec_per_row; ++v) {
+            uint4 cv = *reinterpret_cast<uint4 const*>(c + v * 8);
+            float cf[8] = {__uint_as_float(cv.x << 16), __uint_as_float(cv.x & 0xFFFF0000u), __uint_as_float(cv.y << 16),
+                           __uint_as_float(cv.y & 0xFFFF0000u), __uint_as_float(cv.z << 16), __uint_as_float(cv.z & 0xFFFF0000u),
+                           __uint_as_float(cv.w << 16), __uint_as_float(cv.w & 0xFFFF0000u)};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if (h0 + j < H) {
+                float const* q = Qs + (h0 + j) * L + v * 8;
+                float4 qa = *reinterpret_cast<float4 const*>(q);
+                float4 qb = *reinterpret_cast<float4 const*>(q + 4);
+                s4[j] += cf[0] * qa.x + cf[1] * qa.y + cf[2] * qa.z + cf[3] * qa.w + cf[4] * qb.x + cf[5] * qb.y +
+                         cf[6] * qb.z + cf[7] * qb.w;
+              }
+            }
+          }
         }
-        sc = s0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (h0 + j < H) Ps[tt * H + h0 + j] = tt < n ? s4[j] : -INFINITY;
       }
-      Ps[tt * H + h] = sc;
     }
     __syncthreads();
     for (int h = tid; h < H; h += nthreads) {
@@ -192,6 +208,8 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
 __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x;
   int const H = a.d.heads, r = a.d.rank;
+  ops::pdl_trigger();
+  ops::pdl_wait();
   std::int64_t const len = std::int64_t(*a.position) + 1;
   std::int64_t const chunk = mla_chunk(len, a.splits);
   int const used = int((len + chunk - 1) / chunk);
@@ -212,9 +230,16 @@ template <MatFormat F>
 __global__ void __launch_bounds__(256) mla_uv_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   MlaDims const d = a.d;
+  ops::pdl_trigger();
   std::int64_t const idx = std::int64_t(blockIdx.x) * 8 + warp;
-  if (idx >= std::int64_t(d.heads) * d.v) return;
-  int const h = int(idx / d.v), i = int(idx % d.v);
+  bool const ok = idx < std::int64_t(d.heads) * d.v;
+  int const h = ok ? int(idx / d.v) : 0, i = ok ? int(idx % d.v) : 0;
+  if (ok) {  // W_UV rows are weights: prefetch before waiting for o_lat
+    std::int64_t const rb = matrix_storage_bytes(F, 1, d.rank);
+    ops::warp_prefetch(static_cast<char const*>(a.kv_b.data) + (std::int64_t(h) * (d.nope + d.v) + d.nope + i) * rb, rb);
+  }
+  ops::pdl_wait();
+  if (!ok) return;
   void const* w[1] = {a.kv_b.data};
   void const* s[1] = {a.kv_b.scales};
   std::int64_t rows[1] = {a.kv_b.rows}, row[1] = {std::int64_t(h) * (d.nope + d.v) + d.nope + i};
@@ -250,7 +275,7 @@ inline Status mla_can_implement(MlaDims const& d) {
 inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
   mla_can_implement(a.d).throw_if_error();
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
-    mla_prepare_kernel<decltype(f)::value><<<dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st>>>(a);
+    ops::launch(mla_prepare_kernel<decltype(f)::value>, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
   });
   check_launch("mla_prepare");
   int const hpt = mla_heads_per_thread(a.d);
@@ -259,7 +284,7 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   std::size_t smem = mla_attend_smem(a.d);
   auto launch = [&](auto kernel) {
     ops::allow_smem(kernel, smem);
-    kernel<<<unsigned(a.splits), unsigned(threads), smem, st>>>(a);
+    ops::launch(kernel, unsigned(a.splits), unsigned(threads), smem, st, a);
   };
   switch (hpt) {
     case 1: launch(mla_attend_kernel<1>); break;
@@ -269,10 +294,10 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     default: launch(mla_attend_kernel<16>); break;
   }
   check_launch("mla_attend");
-  mla_combine_kernel<<<dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st>>>(a);
+  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
   check_launch("mla_combine");
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
-    mla_uv_kernel<decltype(f)::value><<<unsigned((std::int64_t(a.d.heads) * a.d.v + 7) / 8), 256, 0, st>>>(a, gate, gate_mode, out);
+    ops::launch(mla_uv_kernel<decltype(f)::value>, unsigned((std::int64_t(a.d.heads) * a.d.v + 7) / 8), 256, 0, st, a, gate, gate_mode, out);
   });
   check_launch("mla_uv");
 }

@@ -8,8 +8,10 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 
 #include "ling/cuda/device_common.cuh"
 #include "ling/cuda/model_weights.hpp"
@@ -106,6 +108,45 @@ __device__ __forceinline__ uint4 load_stream(void const* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+
+// ---- programmatic dependent launch (PDL) ------------------------------------------------------------
+// Every kernel of the step triggers its dependents at entry (so the next kernel's blocks are scheduled as soon as all
+// of this grid's blocks are resident), prefetches into L2 the weights it is about to stream (they depend on no earlier
+// kernel), and only then waits for the previous kernel's results. Launched without the PDL attribute (tests, the
+// default stream, LING_NO_PDL=1) both instructions are no-ops.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void prefetch_l2(void const* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// One warp prefetches `bytes` from p, one 128-byte line per lane per step.
+__device__ __forceinline__ void warp_prefetch(void const* p, std::int64_t bytes) {
+  for (std::int64_t off = std::int64_t(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+    prefetch_l2(static_cast<char const*>(p) + off);
+}
+
+inline bool pdl_enabled() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_NO_PDL");
+    return !(e && *e && *e != '0');
+  }();
+  return on;
+}
+
+// Launches `kernel` on `st`, with programmatic stream serialization when PDL is enabled and the stream is not the
+// legacy default stream.
+template <class... KArgs, class... Args>
+inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st, Args const&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (pdl_enabled() && st != nullptr) ? 1 : 0;
+  check(cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...), "kernel launch");
 }
 
 // N dot products (one warp): dot(W_n[row_n, :], x_n) for n < count, all in format F with `cols` columns.
@@ -224,12 +265,19 @@ __global__ void __launch_bounds__(kMatvecThreads) matvec_kernel(float const* __r
                                                                 Segments segs) {
   extern __shared__ float xs[];
   __shared__ float scratch[32];
-  load_input(x, cols, pa, xs, scratch);
+  pdl_trigger();
   int si = 0;
   while (si + 1 < segs.count && int(blockIdx.x) >= segs.first_block[si + 1]) ++si;
   Segment const& sg = segs.seg[si];
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   std::int64_t const r0 = std::int64_t(int(blockIdx.x) - segs.first_block[si]) * kRowsPerBlock + warp * kRowsPerWarp;
+  {
+    std::int64_t const rb = matrix_storage_bytes(F, 1, cols);
+    std::int64_t const nr = sg.rows - r0 < kRowsPerWarp ? sg.rows - r0 : kRowsPerWarp;
+    if (nr > 0) warp_prefetch(static_cast<char const*>(sg.w) + r0 * rb, nr * rb);
+  }
+  pdl_wait();
+  load_input(x, cols, pa, xs, scratch);
   void const* w[kRowsPerWarp];
   void const* s[kRowsPerWarp];
   std::int64_t rows[kRowsPerWarp], row[kRowsPerWarp];
@@ -259,9 +307,15 @@ __global__ void __launch_bounds__(kMatvecThreads) matvec_kernel(float const* __r
 
 inline std::size_t input_smem(int cols) { return std::size_t(cols) * sizeof(float); }
 
+// Raises a kernel's dynamic shared-memory limit once (host call, outside graph capture after the first step).
 template <class Kernel>
 inline void allow_smem(Kernel k, std::size_t bytes) {
-  if (bytes > 48 * 1024) check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "smem attribute");
+  if (bytes <= 48 * 1024) return;
+  static std::unordered_map<void const*, std::size_t> raised;  // per kernel: the limit set so far
+  std::size_t& cur = raised[reinterpret_cast<void const*>(k)];
+  if (cur >= bytes) return;
+  check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), "smem attribute");
+  cur = bytes;
 }
 
 struct MatvecOut {
@@ -300,7 +354,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
 #define LING_MATVEC_CASE(FMT)                                                                      \
   case FMT:                                                                                        \
     allow_smem(matvec_kernel<FMT>, smem);                                                          \
-    matvec_kernel<FMT><<<blocks, kMatvecThreads, smem, st>>>(x, int(cols), pa, segs);             \
+    launch(matvec_kernel<FMT>, blocks, kMatvecThreads, smem, st, x, int(cols), pa, segs);          \
     break;
       LING_MATVEC_CASE(MatFormat::kF32)
       LING_MATVEC_CASE(MatFormat::kBf16)
@@ -410,10 +464,13 @@ __global__ void __launch_bounds__(kMatvecThreads) router_kernel(float const* __r
   extern __shared__ float xs[];
   __shared__ float scratch[32];
   __shared__ bool last;
-  load_input(x, cols, pa, xs, scratch);
+  pdl_trigger();
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   std::int64_t const r0 = std::int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
   int count = int(ra.experts - r0 < kRowsPerWarp ? ra.experts - r0 : kRowsPerWarp);
+  if (count > 0) warp_prefetch(static_cast<char const*>(w) + r0 * matrix_storage_bytes(F, 1, cols), count * matrix_storage_bytes(F, 1, cols));
+  pdl_wait();
+  load_input(x, cols, pa, xs, scratch);
   if (count > 0) {
     void const* wp[kRowsPerWarp];
     void const* sp[kRowsPerWarp];
@@ -451,7 +508,7 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
 #define LING_ROUTER_CASE(FMT)                                                                           \
   case FMT:                                                                                             \
     allow_smem(router_kernel<FMT>, smem);                                                               \
-    router_kernel<FMT><<<blocks, kMatvecThreads, smem, st>>>(x, int(w.cols), pa, w.data, w.scales, ra); \
+    launch(router_kernel<FMT>, blocks, kMatvecThreads, smem, st, x, int(w.cols), pa, w.data, w.scales, ra); \
     break;
     LING_ROUTER_CASE(MatFormat::kF32)
     LING_ROUTER_CASE(MatFormat::kBf16)
@@ -503,9 +560,19 @@ __global__ void __launch_bounds__(kMatvecThreads) moe_gate_up_kernel(float const
                                                                      int routed_blocks) {
   extern __shared__ float xs[];
   __shared__ float scratch[32];
-  load_input(x, a.hidden, pa, xs, scratch);
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wpb = kMatvecThreads / 32;
   bool const routed = int(blockIdx.x) < routed_blocks;
+  pdl_trigger();
+  if (!routed) {  // the shared expert's rows are known before the router finishes
+    std::int64_t const rr = std::int64_t(int(blockIdx.x) - routed_blocks) * wpb + warp;
+    std::int64_t const rb = matrix_storage_bytes(FS, 1, a.hidden);
+    if (rr < a.shared_inter) {
+      warp_prefetch(static_cast<char const*>(a.sg_w) + rr * rb, rb);
+      warp_prefetch(static_cast<char const*>(a.su_w) + rr * rb, rb);
+    }
+  }
+  pdl_wait();
+  load_input(x, a.hidden, pa, xs, scratch);
   float dots[2];
   std::int64_t r;
   float* dst;
@@ -541,6 +608,13 @@ __global__ void __launch_bounds__(kMatvecThreads) moe_gate_up_kernel(float const
 template <MatFormat FR, MatFormat FS>
 __global__ void __launch_bounds__(kMatvecThreads) moe_down_kernel(MoeArgs a, float const* residual, float* out) {
   extern __shared__ float acts[];
+  pdl_trigger();
+  {
+    std::int64_t const rr = std::int64_t(blockIdx.x) * (kMatvecThreads / 32) + (threadIdx.x >> 5);
+    std::int64_t const rb = matrix_storage_bytes(FS, 1, a.shared_inter);
+    if (a.shared_inter > 0 && rr < a.hidden) warp_prefetch(static_cast<char const*>(a.sdn_w) + rr * rb, rb);
+  }
+  pdl_wait();
   int const total = a.top_k * a.inter + a.shared_inter;
   for (int i = threadIdx.x; i < total; i += blockDim.x) acts[i] = a.act[i];
   __syncthreads();
@@ -591,11 +665,11 @@ inline void moe_launch(cudaStream_t st, float const* x, PrologueArgs const& pa, 
   int shared_blocks = a.shared_inter > 0 ? (a.shared_inter + wpb - 1) / wpb : 0;
   std::size_t smem1 = input_smem(a.hidden);
   allow_smem(moe_gate_up_kernel<FR, FS>, smem1);
-  moe_gate_up_kernel<FR, FS><<<routed_blocks + shared_blocks, kMatvecThreads, smem1, st>>>(x, pa, a, routed_blocks);
+  launch(moe_gate_up_kernel<FR, FS>, routed_blocks + shared_blocks, kMatvecThreads, smem1, st, x, pa, a, routed_blocks);
   check_launch("moe gate/up");
   std::size_t smem2 = std::size_t(a.top_k * a.inter + a.shared_inter) * sizeof(float);
   allow_smem(moe_down_kernel<FR, FS>, smem2);
-  moe_down_kernel<FR, FS><<<(a.hidden + wpb - 1) / wpb, kMatvecThreads, smem2, st>>>(a, residual, out);
+  launch(moe_down_kernel<FR, FS>, (a.hidden + wpb - 1) / wpb, kMatvecThreads, smem2, st, a, residual, out);
   check_launch("moe down");
 }
 
@@ -610,14 +684,24 @@ inline void dispatch_format(MatFormat f, F&& fn) {
   }
 }
 
+// Routed experts in BF16, block FP8 or MXFP4; shared expert / dense MLP in BF16 or block FP8 (the formats of the
+// checkpoints; fewer kernel instantiations). Without routed experts (dense MLP) the routed format is irrelevant.
 inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs const& a, MatFormat routed, MatFormat shared,
                 float const* residual, float* out) {
   require(a.top_k <= kMaxTopK, ErrorCode::kUnsupported, "moe: top_k > 16");
-  dispatch_format(a.top_k > 0 ? routed : shared, [&](auto fr) {
-    dispatch_format(a.shared_inter > 0 ? shared : (a.top_k > 0 ? routed : shared), [&](auto fs) {
-      moe_launch<decltype(fr)::value, decltype(fs)::value>(st, x, pa, a, residual, out);
-    });
-  });
+  if (a.top_k == 0) routed = MatFormat::kMxfp4;
+  if (a.shared_inter == 0) shared = MatFormat::kFp8Block;
+  require(routed == MatFormat::kBf16 || routed == MatFormat::kFp8Block || routed == MatFormat::kMxfp4, ErrorCode::kUnsupported,
+          "moe: routed experts in " + std::string(to_string(routed)) + " (supported: bf16, fp8-block, mxfp4)");
+  require(shared == MatFormat::kBf16 || shared == MatFormat::kFp8Block, ErrorCode::kUnsupported,
+          "moe: shared expert / dense MLP in " + std::string(to_string(shared)) + " (supported: bf16, fp8-block)");
+  auto with_shared = [&](auto fr) {
+    if (shared == MatFormat::kBf16) moe_launch<decltype(fr)::value, MatFormat::kBf16>(st, x, pa, a, residual, out);
+    else moe_launch<decltype(fr)::value, MatFormat::kFp8Block>(st, x, pa, a, residual, out);
+  };
+  if (routed == MatFormat::kBf16) with_shared(std::integral_constant<MatFormat, MatFormat::kBf16>{});
+  else if (routed == MatFormat::kFp8Block) with_shared(std::integral_constant<MatFormat, MatFormat::kFp8Block>{});
+  else with_shared(std::integral_constant<MatFormat, MatFormat::kMxfp4>{});
 }
 
 // ---- LM head + argmax -------------------------------------------------------------------------------
@@ -638,10 +722,13 @@ __global__ void __launch_bounds__(kMatvecThreads) head_kernel(float const* __res
   __shared__ float wbest[32];
   __shared__ int widx[32];
   __shared__ bool last;
-  load_input(x, cols, pa, xs, scratch);
+  pdl_trigger();
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
   std::int64_t const r0 = std::int64_t(blockIdx.x) * kRowsPerBlock + warp * kRowsPerWarp;
   int count = int(vocab - r0 < kRowsPerWarp ? vocab - r0 : kRowsPerWarp);
+  if (count > 0) warp_prefetch(static_cast<char const*>(w) + r0 * matrix_storage_bytes(F, 1, cols), count * matrix_storage_bytes(F, 1, cols));
+  pdl_wait();
+  load_input(x, cols, pa, xs, scratch);
   float best = -INFINITY;
   int bi = 0x7fffffff;
   if (count > 0) {
@@ -712,7 +799,7 @@ inline void head(cudaStream_t st, float const* x, PrologueArgs const& pa, ModelM
   dispatch_format(w.format, [&](auto f) {
     constexpr MatFormat F = decltype(f)::value;
     allow_smem(head_kernel<F>, smem);
-    head_kernel<F><<<head_blocks(w.rows), kMatvecThreads, smem, st>>>(x, int(w.cols), pa, w.data, w.scales, w.rows, logits, aa);
+    launch(head_kernel<F>, head_blocks(w.rows), kMatvecThreads, smem, st, x, int(w.cols), pa, w.data, w.scales, w.rows, logits, aa);
   });
   check_launch("lm head");
 }

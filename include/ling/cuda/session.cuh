@@ -12,7 +12,16 @@ namespace ling::cuda {
 
 struct CudaSession::Impl {
   std::unique_ptr<CudaModel> model;
-  std::vector<float> logits;
+  std::vector<float> logits, all;
+  void check_prompt(std::span<std::int32_t const> tokens) const {
+    require(!tokens.empty(), ErrorCode::kInvalidArgument, "prefill: no tokens");
+    for (auto t : tokens)
+      require(t >= 0 && t < model->vocab_size(), ErrorCode::kInvalidArgument,
+              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(model->vocab_size()) + ")");
+    require(model->position() + std::int64_t(tokens.size()) <= model->max_context(), ErrorCode::kOutOfRange,
+            "context overflow: " + std::to_string(model->position()) + " tokens + " + std::to_string(tokens.size()) +
+                " new exceed the maximum context of " + std::to_string(model->max_context()));
+  }
 };
 
 CudaSession::CudaSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -31,19 +40,30 @@ CudaSession CudaSession::open(std::filesystem::path const& dir, CudaModelOptions
 }
 
 std::span<float const> CudaSession::prefill(std::span<std::int32_t const> tokens) {
-  require(!tokens.empty(), ErrorCode::kInvalidArgument, "prefill: no tokens");
+  impl_->check_prompt(tokens);
   CudaModel& m = *impl_->model;
-  for (auto t : tokens)
-    require(t >= 0 && t < m.vocab_size(), ErrorCode::kInvalidArgument, "token id " + std::to_string(t) + " is outside the vocabulary");
-  require(m.position() + std::int64_t(tokens.size()) <= m.max_context(), ErrorCode::kOutOfRange,
-          "context overflow: " + std::to_string(m.position()) + " tokens + " + std::to_string(tokens.size()) +
-              " new exceed the maximum context of " + std::to_string(m.max_context()));
   for (auto t : tokens) {
     m.step(t);
     m.synchronize();  // the pinned token slot is reused by the next step
   }
   m.download_logits(impl_->logits.data());
   return impl_->logits;
+}
+
+std::span<float const> CudaSession::prefill_all(std::span<std::int32_t const> tokens) {
+  impl_->check_prompt(tokens);
+  CudaModel& m = *impl_->model;
+  std::size_t const V = std::size_t(m.vocab_size());
+  impl_->all.resize(tokens.size() * V);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    m.step(tokens[i]);
+    m.download_logits(impl_->all.data() + i * V);
+  }
+  return impl_->all;
+}
+
+std::span<float const> CudaSession::mtp_after(std::span<std::int32_t const>) {
+  fail(ErrorCode::kUnsupported, "the CUDA session does not run the MTP layer yet");
 }
 
 std::span<float const> CudaSession::decode(std::int32_t token) {

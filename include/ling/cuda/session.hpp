@@ -27,7 +27,10 @@ class CudaSession {
   ~CudaSession();
 
   std::span<float const> prefill(std::span<std::int32_t const> tokens);
+  std::span<float const> prefill_all(std::span<std::int32_t const> tokens);  // [T·vocab]
   std::span<float const> decode(std::int32_t token);
+  bool has_mtp() const { return false; }  // the MTP layer is not run on the GPU yet
+  std::span<float const> mtp_after(std::span<std::int32_t const> next);  // throws kUnsupported
   void reset();
   std::int64_t position() const;
   std::int64_t vocab_size() const;
