@@ -475,9 +475,12 @@ inline void ModelConfig::validate() const {
   }
   auto check_limits = [&](std::vector<double> const& list, std::string_view key) {
     if (list.empty()) return;
-    if (std::int64_t(list.size()) != num_hidden_layers)
+    // One entry per layer; a shorter list means "no clamp" past its end (tests/data/ling-b uses that), a longer one
+    // than the layers including MTP is a mistake.
+    if (std::int64_t(list.size()) > num_hidden_layers + num_nextn_predict_layers)
       fail(ErrorCode::kConfig, where(source, key) + " has " + std::to_string(list.size()) +
-                                   " entries, num_hidden_layers = " + std::to_string(num_hidden_layers));
+                                   " entries, more than the " + std::to_string(num_hidden_layers + num_nextn_predict_layers) +
+                                   " layers (num_hidden_layers + num_nextn_predict_layers)");
     for (double x : list)
       if (!(x >= 0.0)) fail(ErrorCode::kConfig, where(source, key) + " holds a negative limit");
   };

@@ -5,6 +5,7 @@
 //   F8_E4M3 [out,in] + F32 scale_inv [ceil(out/128), ceil(in/128)] -> block FP8
 //   I8 or U8 [out,in/2] + U8 scale_inv [out,in/32]                 -> MXFP4 (E2M1 pairs, UE8M0 scales)
 // Missing, unexpected (not in the plan) and mis-shaped tensors or scales are errors that name them.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
