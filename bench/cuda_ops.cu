@@ -300,6 +300,9 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
+  reg("moe_step_8of512_mxfp4quad_mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, false); });
+  reg("moe_gate_up_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, true, false); });
+  reg("moe_down_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, true); });
   reg("moe_step_8of512_mxfp4half+shared_fp8cvt", [](benchmark::State& s) { BM_MoeStep<Mxfp4Half, Fp8BlockCvt>(s, 4, 40, false, false); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
   reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });

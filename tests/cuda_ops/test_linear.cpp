@@ -34,7 +34,7 @@ constexpr Shape kShapes[] = {{1, 64}, {37, 203}, {129, 1043}, {300, 2560}, {3, 4
 
 #define LING_POLICIES quant::Bf16, quant::F16, quant::F32, quant::Fp8Block, quant::Fp8Row, quant::Mxfp4, test::Int8Row
 
-TEST_CASE_TEMPLATE("repack round trip: host and through the device", P, LING_POLICIES) {
+TEST_CASE_TEMPLATE("repack round trip: host and through the device", P, LING_POLICIES, cuda::Mxfp4Quad) {
   for (Shape s : kShapes) {
     auto m = random_matrix<P>(s.rows, fit_cols<P>(s.cols));
     cuda::PackedMatrix<P> p = cuda::repack(m.view());

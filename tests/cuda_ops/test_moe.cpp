@@ -127,6 +127,13 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
   check_moe<quant::Mxfp4, quant::Fp8Block>(512, 64, 0, 8, 1, 0.f, 0.f);       // top-1, no shared expert
 }
 
+TEST_CASE("moe: tensor-core path (Mxfp4Quad: int8 MMA) against the same reference") {
+  LING_REQUIRE_GPU();
+  check_moe<cuda::Mxfp4Quad, quant::Fp8Block>(256, 128, 72, 16, 4, 4.0f, 5.0f);
+  check_moe<cuda::Mxfp4Quad, quant::Fp8Block>(384, 256, 0, 8, 3, 0.f, 0.f);
+  check_moe<cuda::Mxfp4Quad, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);  // Ling's shapes
+}
+
 TEST_CASE("moe: FP8-block and BF16 experts with odd shapes") {
   LING_REQUIRE_GPU();
   check_moe<quant::Fp8Block, quant::Fp8Block>(203, 72, 40, 10, 3, 4.0f, 5.0f);

@@ -11,6 +11,7 @@
 
 #include "int8_row_policy.hpp"
 #include "ling/cuda/linear.hpp"
+#include "ling/cuda/moe.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "ling/quant/policies.hpp"
 
@@ -77,7 +78,7 @@ HostMatrix<P> random_matrix(std::int64_t rows, std::int64_t cols, float scale = 
   } else if constexpr (std::is_same_v<P, quant::Fp8Row>) {
     P::quantize([&](std::int64_t r, std::int64_t c) { return x[std::size_t(r * cols + c)]; }, rows, cols, m.data.data(),
                 m.scales.data());
-  } else if constexpr (std::is_same_v<P, quant::Mxfp4>) {
+  } else if constexpr (std::is_base_of_v<quant::Mxfp4, P>) {
     P::quantize(x.data(), rows, cols, m.data.data(), m.scales.data());
   } else if constexpr (std::is_same_v<P, test::Int8Row>) {
     std::uniform_int_distribution<int> d(-127, 127);
@@ -88,11 +89,15 @@ HostMatrix<P> random_matrix(std::int64_t rows, std::int64_t cols, float scale = 
   return m;
 }
 
-// Columns a policy can hold: MXFP4 needs a multiple of 32.
+// Columns a policy can hold: MXFP4 needs a multiple of 32 (128 in the tensor-core layout).
 template <class P>
 std::int64_t fit_cols(std::int64_t cols) {
-  if constexpr (std::is_same_v<P, quant::Mxfp4>) return cols < 32 ? 32 : cols / 32 * 32;
-  else return cols;
+  if constexpr (std::is_base_of_v<quant::Mxfp4, P>) {
+    constexpr std::int64_t k = cuda::DeviceLayout<P>::kColsMultiple;
+    return cols < k ? k : cols / k * k;
+  } else {
+    return cols;
+  }
 }
 
 // A device float vector.

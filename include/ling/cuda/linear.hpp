@@ -57,11 +57,19 @@ template <> struct DeviceLayout<quant::Fp8Row> : detail::PaddedRows<quant::Fp8Ro
 // chunks, one scale block each; scales stay [rows, cols/32].
 template <> struct DeviceLayout<quant::Mxfp4> {
   static constexpr bool kFast = true;
+  static constexpr std::int64_t kColsMultiple = 32;
   static constexpr std::int64_t ld(std::int64_t cols) { return cols / 2; }  // bytes (= storage elements) per row
 };
 
 template <class P>
 inline constexpr bool has_fast_kernel = DeviceLayout<P>::kFast;
+
+// A layout may permute the bytes of each row (pack_row/unpack_row, inverse of each other; same row length).
+template <class L>
+concept row_permuting_layout = requires(std::uint8_t const* src, std::uint8_t* dst, std::int64_t n) {
+  L::pack_row(src, dst, n);
+  L::unpack_row(src, dst, n);
+};
 
 // Storage elements of one matrix in the device layout, and its scale count (policy layout).
 template <quant::weight_policy P>
@@ -95,8 +103,13 @@ PackedMatrix<P> repack(quant::MatrixView<P> const& m) {
     out.ld = DeviceLayout<P>::ld(m.cols);
     std::int64_t const src_ld = P::storage_count(1, m.cols);  // storage elements per source row
     out.data.assign(std::size_t(m.rows * out.ld), S{});
-    for (std::int64_t r = 0; r < m.rows; ++r)
-      std::memcpy(out.data.data() + r * out.ld, m.data + r * src_ld, std::size_t(src_ld) * sizeof(S));
+    for (std::int64_t r = 0; r < m.rows; ++r) {
+      if constexpr (row_permuting_layout<DeviceLayout<P>>)
+        DeviceLayout<P>::pack_row(reinterpret_cast<std::uint8_t const*>(m.data + r * src_ld),
+                                  reinterpret_cast<std::uint8_t*>(out.data.data() + r * out.ld), src_ld * std::int64_t(sizeof(S)));
+      else
+        std::memcpy(out.data.data() + r * out.ld, m.data + r * src_ld, std::size_t(src_ld) * sizeof(S));
+    }
   } else {
     out.ld = m.cols;
     std::int64_t n = P::storage_count(m.rows, m.cols);
@@ -116,8 +129,13 @@ std::vector<typename P::storage_type> unpack(PackedMatrix<P> const& p) {
   std::vector<S> out(std::size_t(P::storage_count(p.rows, p.cols)));
   if constexpr (has_fast_kernel<P>) {
     std::int64_t const src_ld = P::storage_count(1, p.cols);
-    for (std::int64_t r = 0; r < p.rows; ++r)
-      std::memcpy(out.data() + r * src_ld, p.data.data() + r * p.ld, std::size_t(src_ld) * sizeof(S));
+    for (std::int64_t r = 0; r < p.rows; ++r) {
+      if constexpr (row_permuting_layout<DeviceLayout<P>>)
+        DeviceLayout<P>::unpack_row(reinterpret_cast<std::uint8_t const*>(p.data.data() + r * p.ld),
+                                    reinterpret_cast<std::uint8_t*>(out.data() + r * src_ld), src_ld * std::int64_t(sizeof(S)));
+      else
+        std::memcpy(out.data() + r * src_ld, p.data.data() + r * p.ld, std::size_t(src_ld) * sizeof(S));
+    }
   } else {
     out.assign(p.data.begin(), p.data.end());
   }
@@ -148,8 +166,9 @@ class DeviceMatrix {
   // Uninitialised storage for `count` matrices [rows, cols] (filled on the GPU, e.g. by quantize_fp8_rows).
   static DeviceMatrix allocate(std::int64_t rows, std::int64_t cols, std::int32_t count = 1) {
     require(rows > 0 && cols > 0 && count > 0, ErrorCode::kShape, "DeviceMatrix: empty shape");
-    if constexpr (std::is_same_v<P, quant::Mxfp4>)
-      require(cols % 32 == 0, ErrorCode::kShape, "DeviceMatrix<mxfp4>: cols must be a multiple of 32");
+    if constexpr (std::is_base_of_v<quant::Mxfp4, P>)
+      require(cols % DeviceLayout<P>::kColsMultiple == 0, ErrorCode::kShape,
+              "DeviceMatrix<mxfp4>: cols must be a multiple of " + std::to_string(DeviceLayout<P>::kColsMultiple));
     DeviceMatrix m;
     m.rows_ = rows;
     m.cols_ = cols;

@@ -14,6 +14,30 @@
 
 namespace ling::cuda {
 
+// MXFP4 routed experts for the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of
+// each 64-byte group of a row (4 scale blocks) interleaved by 32-bit word: lane t of a quad then loads word t of
+// all 4 blocks with one 16-byte load, which is exactly its int8 MMA fragment (m16n8k32: 8 codes of one block per
+// row per lane). Needs cols % 128 == 0 (Ling: 2560, 768). Only the MoE launchers accept it.
+struct Mxfp4Quad : quant::Mxfp4 {};
+template <> struct DeviceLayout<Mxfp4Quad> {
+  static constexpr bool kFast = true;
+  static constexpr std::int64_t kColsMultiple = 128;
+  static constexpr std::int64_t ld(std::int64_t cols) { return cols / 2; }
+  // group bytes [block q][word t][4] -> [word t][block q][4]
+  static void pack_row(std::uint8_t const* src, std::uint8_t* dst, std::int64_t n) {
+    for (std::int64_t g = 0; g + 64 <= n; g += 64)
+      for (int q = 0; q < 4; ++q)
+        for (int t = 0; t < 4; ++t)
+          for (int b = 0; b < 4; ++b) dst[g + t * 16 + q * 4 + b] = src[g + q * 16 + t * 4 + b];
+  }
+  static void unpack_row(std::uint8_t const* src, std::uint8_t* dst, std::int64_t n) {
+    for (std::int64_t g = 0; g + 64 <= n; g += 64)
+      for (int q = 0; q < 4; ++q)
+        for (int t = 0; t < 4; ++t)
+          for (int b = 0; b < 4; ++b) dst[g + q * 16 + t * 4 + b] = src[g + t * 16 + q * 4 + b];
+  }
+};
+
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
