@@ -1,5 +1,5 @@
 // `ling run`, `ling chat`, `ling tokenize`: text in, text out.
-//   ling run [--model DIR] [sampling flags] [--system S] [--think on|off] [--hide-think] [--raw] "prompt"
+//   ling run [--model DIR] [sampling flags] [--system S] [--think on|off] [--hide-think] [--raw] "prompt" | -
 //   ling chat [same flags]          interactive; /reset, /think on|off, /quit; EOF ends
 //   ling tokenize [--model DIR] "text"     ids separated by spaces;  --decode 1,2,3 prints text
 // The model defaults to $LING_MODEL, else the embedded ${LING_SOURCE_DIR}/models/ling-gsm8k.
@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -153,7 +154,9 @@ void run_cmd(TextOptions const& o) {
   bool think = think_flag(o.think);
   AnySession session = open_session(dir, o.backend);
   ling::runtime::Generator<AnySession> gen(session, tok);
-  std::string prompt = o.raw ? o.prompt : ling::io::chat_prompt(o.prompt, {o.system, think});
+  std::string user = o.prompt;
+  if (user == "-") user.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  std::string prompt = o.raw ? user : ling::io::chat_prompt(user, {o.system, think});
   reply(gen, prompt, params, o.hide_think, session.backend());
 }
 
@@ -235,7 +238,7 @@ ling::cli::Registrar reg{20, [](CLI::App& app) {
   auto* run = app.add_subcommand("run", "generate a reply to one prompt, streamed; stats on stderr");
   add_generation_flags(run, *ro);
   run->add_flag("--raw", ro->raw, "send the prompt as is (no chat template)");
-  run->add_option("prompt", ro->prompt, "the prompt")->required();
+  run->add_option("prompt", ro->prompt, "the prompt (- reads it from stdin)")->required();
   run->callback([ro] { run_cmd(*ro); });
 
   auto co = std::make_shared<TextOptions>();
