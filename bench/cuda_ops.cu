@@ -21,14 +21,15 @@
 using namespace ling;
 using namespace ling::cuda;
 
-// Benchmark-only variants: the same storage decoded by the earlier decoders (conversion instructions).
-struct Fp8BlockCvt : quant::Fp8Block {};
+// Benchmark-only variants: the same storage decoded by the other decoders (FP8: integer bit patterns; MXFP4:
+// halves + conversions).
+struct Fp8BlockBits : quant::Fp8Block {};
 struct Mxfp4Half : quant::Mxfp4 {};
 namespace ling::cuda {
-template <> struct DeviceLayout<Fp8BlockCvt> : detail::PaddedRows<Fp8BlockCvt> {};
+template <> struct DeviceLayout<Fp8BlockBits> : detail::PaddedRows<Fp8BlockBits> {};
 template <> struct DeviceLayout<Mxfp4Half> : DeviceLayout<quant::Mxfp4> {};
 namespace kernels {
-template <> struct FastOps<Fp8BlockCvt> : Fp8DotCvt {
+template <> struct FastOps<Fp8BlockBits> : Fp8DotBits {
   __device__ static float chunk_scale(void const* s, MatrixArgs const& m, std::int64_t r, int j) {
     return FastOps<quant::Fp8Block>::chunk_scale(s, m, r, j);
   }
@@ -288,7 +289,7 @@ int main(int argc, char** argv) {
     })->UseManualTime()->Unit(benchmark::kMicrosecond);
   };
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_cvt", [](benchmark::State& s) { BM_MatvecMulti<Fp8BlockCvt>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_bits", [](benchmark::State& s) { BM_MatvecMulti<Fp8BlockBits>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
@@ -303,7 +304,7 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4quad_mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, true); });
-  reg("moe_step_8of512_mxfp4half+shared_fp8cvt", [](benchmark::State& s) { BM_MoeStep<Mxfp4Half, Fp8BlockCvt>(s, 4, 40, false, false); });
+  reg("moe_step_8of512_mxfp4half+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4Half, quant::Fp8Block>(s, 4, 40, false, false); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
   reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });
   reg("lm_head_[157184,2560]_bf16_argmax", [](benchmark::State& s) { BM_LmHead<Bf16>(s); });
