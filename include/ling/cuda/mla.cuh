@@ -3,12 +3,11 @@
 #include <cmath>
 
 #include "ling/cuda/mla.hpp"
+#include "ling/cuda/mla_mma.cuh"
 #include "ling/cuda/model_ops.cuh"
 
 namespace ling::cuda {
 
-inline constexpr int kMlaTile = 32;        // tokens per shared-memory tile
-inline constexpr int kMlaMinChunk = 256;   // tokens per split at least
 
 // Interleaved RoPE angle as the CPU reference forms it (fp32 inv_freq and product), cos/sin in double.
 __device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
@@ -69,11 +68,6 @@ __global__ void __launch_bounds__(128) mla_prepare_kernel(MlaDecodeArgs a) {
   }
 }
 
-__host__ __device__ inline std::int64_t mla_chunk(std::int64_t len, int splits) {
-  std::int64_t c = (len + splits - 1) / splits;
-  if (c < kMlaMinChunk) c = kMlaMinChunk;
-  return (c + kMlaTile - 1) / kMlaTile * kMlaTile;
-}
 
 // Split s of the context, all heads. Thread (hg, cg) accumulates heads [hg·HPT, +HPT) × latent columns [4cg, 4cg+4).
 template <int HPT>
@@ -278,6 +272,13 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     ops::launch(mla_prepare_kernel<decltype(f)::value>, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
   });
   check_launch("mla_prepare");
+  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_supported(a.d));
+  require(!mma || mla_mma_supported(a.d), ErrorCode::kUnsupported, "mla decode: the tensor-core kernel needs 32 heads and kv_lora_rank 512");
+  if (mma) {
+    std::size_t smem = mla_mma_smem(a.d);
+    ops::allow_smem(mla_attend_mma_kernel, smem);
+    ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, a);
+  } else {
   int const hpt = mla_heads_per_thread(a.d);
   int threads = (a.d.rank / 4) * (a.d.heads / hpt);
   threads = (threads + 31) / 32 * 32;
@@ -292,6 +293,7 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     case 4: launch(mla_attend_kernel<4>); break;
     case 8: launch(mla_attend_kernel<8>); break;
     default: launch(mla_attend_kernel<16>); break;
+  }
   }
   check_launch("mla_attend");
   ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);

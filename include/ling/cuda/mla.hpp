@@ -37,6 +37,17 @@ struct MlaDecodeArgs {
   float* part_o = nullptr;    // [splits, H, r]
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
+  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores
 };
+
+// Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens
+// (at least 256, a multiple of the 32-token tile); splits past the end do nothing.
+inline constexpr int kMlaTile = 32;        // tokens per shared-memory tile
+inline constexpr int kMlaMinChunk = 256;   // tokens per split at least
+LING_HOST_DEVICE inline std::int64_t mla_chunk(std::int64_t len, int splits) {
+  std::int64_t c = (len + splits - 1) / splits;
+  if (c < kMlaMinChunk) c = kMlaMinChunk;
+  return (c + kMlaTile - 1) / kMlaTile * kMlaTile;
+}
 
 }  // namespace ling::cuda

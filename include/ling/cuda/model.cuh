@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -538,6 +539,7 @@ class CudaModel {
         ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
+        ma.kernel = mla_kernel_choice();
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
         ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
@@ -566,6 +568,15 @@ class CudaModel {
     }
     ops::ArgmaxArgs aa{head_best_, head_idx_, token_dev_, head_counter_, pos_dev_};
     ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
+  }
+
+  // LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one; unset: automatic.
+  static int mla_kernel_choice() {
+    static int const k = [] {
+      char const* e = std::getenv("LING_MLA_KERNEL");
+      return e ? std::atoi(e) : 0;
+    }();
+    return k;
   }
 
   void drop_graph() {
