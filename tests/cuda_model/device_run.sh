@@ -2,7 +2,7 @@
 # One device call for the CUDA model (helper cuda-model): builds the gpu targets there (-j all cores) unless working
 # binaries are carried in build/cuda-model-bin, then runs the kernel tests, `ling bench`, the whole-model test and the
 # kernel benchmarks, each under a time limit. Logs under $OUT; a short summary last.
-#   bash tests/cuda_model/device_run.sh [--sanitize] [--bench-args "..."]
+#   bash tests/cuda_model/device_run.sh [--sanitize] [--bench-args "..."]      (device tool: carry [".deps"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -22,8 +22,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 summary=()
 if ! "$BIN/test_cuda_kernels" --help >/dev/null 2>&1; then
   export CMAKE_PREFIX_PATH="$PWD/.deps/root/usr"
+  # tests/io configures ../shared/spec/ling3-flash.config.json, which the device copy lacks: put the copy kept here
+  [ -f ../shared/spec/ling3-flash.config.json ] || { mkdir -p ../shared/spec && cp tests/cuda_model/ling3-flash.config.json ../shared/spec/; }
+  rm -rf build/dev
+  ls -la .deps/root/usr/include/pcre2.h .deps/root/usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 | tee "$OUT/deps.txt"
   cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-        -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || tail -20 "$OUT/configure.log"
+        -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON -DCMAKE_LIBRARY_PATH="$PWD/.deps/root/usr/lib/x86_64-linux-gnu" \
+        -DLING_PCRE2_LIBRARY="$PWD/.deps/root/usr/lib/x86_64-linux-gnu/libpcre2-8.so.0" -DLING_PCRE2_INCLUDE_DIR="$PWD/.deps/root/usr/include" \
+        -Dbenchmark_DIR="$PWD/.deps/root/usr/lib/x86_64-linux-gnu/cmake/benchmark" >"$OUT/configure.log" 2>&1 || grep -B2 -A6 -i error "$OUT/configure.log" | head -30
   timeout 200 cmake --build build/dev -j "$(nproc)" --target test_cuda_kernels ling test_cuda_model cuda_model -- -k 0 >"$OUT/build.log" 2>&1
   summary+=("build on device: rc=$? at $(el) s")
   grep -E "error|FAILED" "$OUT/build.log" | head -30

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ling/cuda/model.hpp"
+#include "ling/cuda/runtime.hpp"
 #include "ling/runtime/any_session.hpp"
 
 namespace ling::cuda {
