@@ -142,6 +142,11 @@ TEST_CASE("UE8M0: 2^(s-127), 0xFF NaN, s = 0 a float subnormal") {
   CHECK(ue8m0_ceil(std::ldexp(1.0f, -100)).bits == 27);
   CHECK(ue8m0_ceil(std::ldexp(1.0f, -100) * 1.01f).bits == 28);
   for (int e = -126; e <= 127; ++e) CHECK(to_float(ue8m0_ceil(std::ldexp(1.0f, e))) == std::ldexp(1.0f, e));
+  CHECK(ue8m0_ceil(std::nanf("")).bits == 0xFF);
+  CHECK(ue8m0_ceil(std::ldexp(1.0f, -127)).bits == 0);    // 2^-127 is code 0
+  CHECK(ue8m0_ceil(std::ldexp(1.0f, -140)).bits == 0);    // clamped to the smallest
+  CHECK(ue8m0_ceil(std::ldexp(1.5f, -127)).bits == 1);    // just above 2^-127
+  CHECK(ue8m0_ceil(std::numeric_limits<float>::infinity()).bits == 254);  // clamped below the NaN code
 }
 
 TEST_CASE("bf16 and fp16: round-to-nearest-even against std::ldexp-built neighbours") {

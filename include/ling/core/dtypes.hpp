@@ -137,11 +137,11 @@ LING_HOST_DEVICE LING_FORCEINLINE float to_float(Ue8m0 s) {
 }
 // The smallest power of two >= x (x > 0, finite), as UE8M0; clamps to the format's range.
 LING_HOST_DEVICE LING_FORCEINLINE Ue8m0 ue8m0_ceil(float x) {
+  if (is_nan(x)) return Ue8m0{0xFF};  // before the sign test, which NaN would fail
   if (!(x > 0.0f)) return Ue8m0{0};
-  if (is_nan(x)) return Ue8m0{0xFF};
   std::uint32_t u = float_to_bits(x);
   int e = int(u >> 23);  // biased exponent of a normal float
-  if (e == 0) return Ue8m0{1};
+  if (e == 0) return Ue8m0{std::uint8_t(u <= 0x00400000u ? 0 : 1)};  // subnormal: 2^-127 (code 0) or 2^-126
   if ((u & 0x7FFFFFu) != 0) ++e;
   if (e > 254) e = 254;
   return Ue8m0{std::uint8_t(e)};
