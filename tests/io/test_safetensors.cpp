@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -204,5 +206,42 @@ TEST_CASE("checkpoint: single file, sharded, and broken indexes") {
     check_error([&] { io::Checkpoint::open(d.path); }, ErrorCode::kIo, {"model.safetensors"});
     iotest::write_text(d / "config.json", "{not json");
     check_error([&] { io::Checkpoint::open(d.path); }, ErrorCode::kFormat, {"config.json", "not valid JSON"});
+  }
+}
+
+TEST_CASE("safetensors: every truncation and many byte flips of a good file fail cleanly or load") {
+  iotest::TempDir tmp("st_fuzz");
+  io::SafetensorsWriter w;
+  w.add("a", DType::kF32, {2, 3}, std::vector<float>(6, 1.f)).add("b", DType::kBF16, {4}, std::vector<std::uint16_t>(4, 0));
+  w.metadata("k", "v");
+  w.write(tmp / "good.safetensors");
+  std::ifstream in(tmp / "good.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto attempt = [&](std::string const& content) {
+    iotest::write_text(tmp / "x.safetensors", content);
+    try {
+      auto f = SafetensorsFile::open(tmp / "x.safetensors");
+      for (auto const& t : f.tensors()) {  // whatever loads lies inside the file
+        CHECK(t.data >= f.tensors().front().data);
+        CHECK(t.size == std::size_t(t.numel()) * dtype_size(t.dtype));
+      }
+      return true;
+    } catch (ling::Error const& e) {
+      CHECK((e.code() == ErrorCode::kFormat || e.code() == ErrorCode::kIo));
+      return false;
+    }
+  };
+  int ok = 0;
+  for (std::size_t n = 0; n < bytes.size(); ++n) ok += attempt(bytes.substr(0, n));
+  CHECK(ok == 0);  // no proper prefix is a valid file
+  CHECK(attempt(bytes));
+  std::uint32_t state = 12345;
+  for (int i = 0; i < 400; ++i) {
+    std::string m = bytes;
+    state = state * 1664525u + 1013904223u;
+    std::size_t pos = state % std::min<std::size_t>(m.size(), 8 + 120);
+    state = state * 1664525u + 1013904223u;
+    m[pos] = char(state >> 24);
+    attempt(m);
   }
 }
