@@ -32,6 +32,7 @@ __global__ void __launch_bounds__(128) mla_prepare_kernel(MlaDecodeArgs a) {
   int const col = chunk * 128 + tid;
   if (col < d.rank) {  // q̂_h[col] = Σ_d W_kvb[h(dn+dv)+d, col] q_nope[d]
     float acc = 0.f;
+#pragma unroll 8
     for (int i = 0; i < d.nope; ++i)
       acc += ops::Fmt<F>::at(a.kv_b.data, a.kv_b.scales, a.kv_b.rows, a.kv_b.cols, std::int64_t(h) * rowstride + i, col) * qh[i];
     a.q_hat[std::int64_t(h) * L + col] = acc;
@@ -90,6 +91,7 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   if (begin >= len) return;
   std::int64_t const end = begin + chunk < len ? begin + chunk : len;
   float const scale = rsqrtf(float(d.qk()));
+#pragma unroll 8
   for (int i = tid; i < H * L; i += nthreads) Qs[i] = a.q_hat[i] * scale;
   for (int h = tid; h < H; h += nthreads) {
     mrun[h] = -INFINITY;
@@ -208,9 +210,11 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   std::int64_t const chunk = mla_chunk(len, a.splits);
   int const used = int((len + chunk - 1) / chunk);
   float m = -INFINITY;
+#pragma unroll 8
   for (int s = 0; s < used; ++s) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
   if (col >= r) return;
   float num = 0.f, den = 0.f;
+#pragma unroll 8
   for (int s = 0; s < used; ++s) {
     float w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
     den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];

@@ -79,6 +79,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   };
   load_tile(Cb[0], begin);
   float const scale = rsqrtf(float(a.d.qk()));
+#pragma unroll 8
   for (int i = tid; i < H * L; i += 256) Qb[(i / L) * Lp + i % L] = bf16_from_float(a.q_hat[i] * scale).bits;
   if (tid < H) {
     mrun[tid] = -INFINITY;

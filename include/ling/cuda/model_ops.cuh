@@ -202,40 +202,68 @@ struct PrologueArgs {
   float eps = 1e-6f;
 };
 
-// Fills xs[0..cols) (shared) from x (global) through the prologue. Whole block participates.
+// Fills xs[0..cols) (shared) from x (global) through the prologue. Whole block participates. The loads are
+// 16 bytes wide and unrolled so that many are in flight (a plain loop waits one L2 round trip per 256 floats).
+__device__ __forceinline__ bool aligned16(void const* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15) == 0; }
+
+__device__ inline float stage_input(float const* __restrict__ x, int cols, float* xs) {  // returns this thread's Σx²
+  float ss = 0.f;
+  if ((cols & 3) == 0 && aligned16(x)) {
+    float4 const* x4 = reinterpret_cast<float4 const*>(x);
+    float4* s4 = reinterpret_cast<float4*>(xs);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cols / 4; i += blockDim.x) {
+      float4 v = x4[i];
+      s4[i] = v;
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+#pragma unroll 8
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+      float v = x[i];
+      xs[i] = v;
+      ss += v * v;
+    }
+  }
+  return ss;
+}
+
 __device__ inline void load_input(float const* __restrict__ x, int cols, PrologueArgs const& pa, float* xs, float* scratch) {
   switch (pa.kind) {
     case Prologue::kPlain:
-      for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i];
+      stage_input(x, cols, xs);
       break;
     case Prologue::kRmsNorm: {
-      float ss = 0.f;
-      for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = x[i];
-        xs[i] = v;
-        ss += v * v;
-      }
+      float ss = stage_input(x, cols, xs);
       float inv = rsqrtf(dev::block_sum(ss, scratch) / float(cols) + pa.eps);
+#pragma unroll 4
       for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = xs[i] * inv * pa.norm_w[i];
       break;
     }
     case Prologue::kGatedHeadNorm: {  // spec §2 KDA: RMSNorm_V(o_h; o_norm) ⊙ sigmoid(W_g u), per head
       int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
       int const heads = cols / pa.head;
+      stage_input(x, cols, xs);
+      __syncthreads();
       for (int h = warp; h < heads; h += nwarps) {
-        float const* xh = x + std::int64_t(h) * pa.head;
+        float* xh = xs + h * pa.head;
         float ss = 0.f;
+#pragma unroll 4
         for (int i = lane; i < pa.head; i += 32) ss += xh[i] * xh[i];
         float inv = rsqrtf(dev::warp_sum(ss) / float(pa.head) + pa.eps);
+#pragma unroll 4
         for (int i = lane; i < pa.head; i += 32) {
           int c = h * pa.head + i;
-          xs[c] = xh[i] * inv * pa.norm_w[i] * dev::sigmoidf_(pa.gate[c]);
+          xh[i] = xh[i] * inv * pa.norm_w[i] * dev::sigmoidf_(pa.gate[c]);
         }
       }
       break;
     }
     case Prologue::kHeadGate:
-      for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = x[i] * dev::sigmoidf_(pa.gate[i / pa.head]);
+      stage_input(x, cols, xs);
+      __syncthreads();
+#pragma unroll 4
+      for (int i = threadIdx.x; i < cols; i += blockDim.x) xs[i] = xs[i] * dev::sigmoidf_(pa.gate[i / pa.head]);
       break;
   }
   __syncthreads();
@@ -616,7 +644,7 @@ __global__ void __launch_bounds__(kMatvecThreads) moe_down_kernel(MoeArgs a, flo
   }
   pdl_wait();
   int const total = a.top_k * a.inter + a.shared_inter;
-  for (int i = threadIdx.x; i < total; i += blockDim.x) acts[i] = a.act[i];
+  stage_input(a.act, total, acts);
   __syncthreads();
   int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   std::int64_t const r = std::int64_t(blockIdx.x) * (kMatvecThreads / 32) + warp;
