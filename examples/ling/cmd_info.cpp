@@ -59,9 +59,12 @@ void print_config(ling::ModelConfig const& c) {
               (long long)c.kv_lora_rank, (long long)c.qk_nope_head_dim, (long long)c.qk_rope_head_dim,
               (long long)c.v_head_dim, rope,
               gate_name(c.output_gate));
-  std::printf("ffn         dense 0..%lld width %lld; MoE %lld experts x %lld, top-%lld (groups %lld keep %lld), "
-              "shared %lld, scaling %g%s\n",
-              (long long)c.first_k_dense_replace - 1, (long long)c.intermediate_size, (long long)c.num_experts,
+  char dense[96] = "no dense layers";
+  if (c.first_k_dense_replace > 0)
+    std::snprintf(dense, sizeof dense, "dense 0..%lld width %lld", (long long)c.first_k_dense_replace - 1,
+                  (long long)c.intermediate_size);
+  std::printf("ffn         %s; MoE %lld experts x %lld, top-%lld (groups %lld keep %lld), shared %lld, scaling %g%s\n",
+              dense, (long long)c.num_experts,
               (long long)c.moe_intermediate_size, (long long)c.num_experts_per_tok, (long long)c.n_group,
               (long long)c.topk_group, (long long)c.shared_width(), c.routed_scaling_factor,
               c.expert_swiglu_limit_list.empty() ? "" : ", clamp lists");
