@@ -12,7 +12,7 @@ using iotest::check_error;
 using nlohmann::json;
 
 TEST_CASE("config: the Ling-3.0-flash spec config (spec §1)") {
-  auto c = ModelConfig::load(LING_SOURCE_DIR "/../shared/spec/ling3-flash.config.json");
+  auto c = ModelConfig::load(LING_TEST_DATA "/ling3-flash-config/config.json");
   CHECK(c.family == Family::kLing);
   CHECK(c.model_type == "bailing_hybrid");
   CHECK(c.vocab_size == 157184);

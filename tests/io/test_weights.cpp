@@ -312,7 +312,7 @@ TEST_CASE("weights: missing, unexpected and mis-shaped tensors and scales") {
 }
 
 TEST_CASE("footprint: Ling-3.0-flash parameter count and bytes per token (spec §4)") {
-  auto cfg = ModelConfig::load(LING_SOURCE_DIR "/../shared/spec/ling3-flash.config.json");
+  auto cfg = ModelConfig::load(LING_TEST_DATA "/ling3-flash-config/config.json");
   auto plan = model::plan_tensors(cfg);
   auto p = model::count_parameters(cfg, plan);
   CHECK(std::fabs(p.total / 1e9 - 124.41) < 0.01);
