@@ -304,3 +304,23 @@ TEST_CASE("DecoderLayer composes x + Mixer(norm x) and h + Ffn(norm h)") {
   CHECK(test::rel_l2(y, h + f) < 1e-7);
   CHECK(std::get<Kda::State>(st).s == ks.s);
 }
+
+TEST_CASE("layer vocabulary: Linear and Router through forward_prefill/forward_decode, DecoderLayer state_bytes") {
+  test::Rng rng;
+  cpu::Backend be;
+  Lin w = rng.linear(7, 5);
+  cpu::Matrix x = rng.mat(3, 5), y1, y2;
+  cpu::forward_prefill(be, w, x, y1);
+  cpu::forward_decode(be, w, x.middleRows(1, 1), y2);
+  CHECK(test::rel_l2(y2, y1.middleRows(1, 1)) < 1e-7);
+  layers::Router<> r{{Dyn(5, "h"), Dyn(4, "e"), 2, 1, 1, true, 1.f}, {rng.linear(4, 5), {}}};
+  auto routes = cpu::forward_prefill(be, r, x);
+  CHECK(routes.size() == 3);
+  CHECK(routes[0].weights[0] + routes[0].weights[1] == doctest::Approx(1.0));
+  using Kda = layers::KdaMixer<>;
+  layers::DecoderLayer<Kda, layers::SwiGlu<>> d;
+  d.mixer = make_kda(rng, false, true);
+  d.input_norm.config.dim = d.post_norm.config.dim = Dyn(32, "h");
+  CHECK(d.can_implement().is_ok());
+  CHECK(d.state_bytes() == Kda::state_bytes(d.mixer.config));
+}

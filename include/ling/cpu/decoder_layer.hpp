@@ -77,4 +77,15 @@ void mtp_forward(Backend& be, layers::MtpLayer<B, P, kH> const& l, typename laye
   forward_prefill(be, l.final_norm, out, y);
 }
 
+template <class B, class P, std::int64_t kH>
+void forward_prefill(Backend& be, layers::MtpLayer<B, P, kH> const& l, typename layers::MtpLayer<B, P, kH>::State& st,
+                     ConstMatrixRef emb, ConstMatrixRef h, Matrix& y) {
+  mtp_forward(be, l, st, emb, h, y, Phase::kPrefill);
+}
+template <class B, class P, std::int64_t kH>
+void forward_decode(Backend& be, layers::MtpLayer<B, P, kH> const& l, typename layers::MtpLayer<B, P, kH>::State& st,
+                    ConstMatrixRef emb, ConstMatrixRef h, Matrix& y) {
+  mtp_forward(be, l, st, emb, h, y, Phase::kDecode);
+}
+
 }  // namespace ling::cpu

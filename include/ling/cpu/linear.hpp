@@ -93,6 +93,11 @@ Matrix linear(layers::Linear<Policies> const& w, ConstMatrixRef x) {
   return y;
 }
 
+template <class Policies>
+void forward_prefill(Backend&, layers::Linear<Policies> const& w, ConstMatrixRef x, Matrix& y) { linear(w, x, y); }
+template <class Policies>
+void forward_decode(Backend&, layers::Linear<Policies> const& w, ConstMatrixRef x, Matrix& y) { linear(w, x, y); }
+
 // The whole matrix in fp32 (for ops that reshape a weight, e.g. MLA's absorbed W_UK / W_UV).
 template <class Policies>
 Matrix dequantize(layers::Linear<Policies> const& w) {

@@ -67,4 +67,14 @@ std::vector<layers::Routing> route(Backend&, layers::Router<kH, kE, P> const& l,
   return out;
 }
 
+// The layer vocabulary: a router's "output" is the routing of each token.
+template <std::int64_t kH, std::int64_t kE, class P>
+std::vector<layers::Routing> forward_prefill(Backend& be, layers::Router<kH, kE, P> const& l, ConstMatrixRef x) {
+  return route(be, l, x);
+}
+template <std::int64_t kH, std::int64_t kE, class P>
+std::vector<layers::Routing> forward_decode(Backend& be, layers::Router<kH, kE, P> const& l, ConstMatrixRef x) {
+  return route(be, l, x);
+}
+
 }  // namespace ling::cpu

@@ -67,6 +67,17 @@ struct DecoderLayer {
   Ffn ffn;
 
   State make_state() const { return make_state_for(mixer); }
+  // Cache bytes (a KDA layer's whole state; an MLA layer's per token of context).
+  std::int64_t state_bytes() const {
+    if constexpr (requires { mixer.state_bytes(); }) return mixer.state_bytes();
+    else return Mixer::state_bytes(mixer.config);
+  }
+  Status can_implement() const {
+    if (input_norm.config.dim() != post_norm.config.dim())
+      return {ErrorCode::kConfig, "DecoderLayer: the two norms disagree on hidden_size"};
+    if (auto s = RmsNorm<kHidden>::can_implement(input_norm.config); !s) return s;
+    return Status::ok();
+  }
 };
 
 }  // namespace ling::layers

@@ -20,6 +20,7 @@ struct MtpLayer {
   RmsNorm<kHidden> final_norm;
 
   State make_state() const { return block.make_state(); }
+  std::int64_t state_bytes() const { return block.state_bytes(); }  // per token of the MTP stream
 };
 
 }  // namespace ling::layers
