@@ -12,6 +12,9 @@
 #include "ling/core/error.hpp"
 #include "ling/io/npy.hpp"
 #include "ling/runtime/session.hpp"
+#if defined(LING_WITH_CUDA)
+#include "ling/cuda/session.hpp"
+#endif
 #include "registry.hpp"
 
 namespace {
@@ -87,7 +90,12 @@ void cmd_logits(LogitsArgs const& a) {
   if (a.decode < 0) ling::fail(ling::ErrorCode::kInvalidArgument, "--decode must be >= 0");
   if (a.backend == "cuda") {
 #if defined(LING_WITH_CUDA)
-    ling::fail(ling::ErrorCode::kUnsupported, "--backend cuda: the CUDA model is not wired into `ling logits` yet");
+    // The head as stored (BF16): `ling logits` compares against the reference, so no online FP8 here.
+    ling::cuda::CudaModelOptions options;
+    options.lm_head_fp8 = false;
+    auto s = ling::cuda::CudaSession::open(a.model, options);
+    run_logits(s, a, tokens);
+    return;
 #else
     ling::fail(ling::ErrorCode::kUnsupported,
                "--backend cuda: this build has no CUDA backend (configure with -DLING_CUDA=ON on a machine with nvcc)");

@@ -20,6 +20,9 @@
 #include "ling/runtime/any_session.hpp"
 #include "ling/runtime/generator.hpp"
 #include "ling/runtime/sampling.hpp"
+#if defined(LING_WITH_CUDA)
+#include "ling/cuda/session.hpp"
+#endif
 #if __has_include("ling/runtime/session.hpp")
 #include "ling/runtime/session.hpp"
 #define LING_CLI_HAS_CPU_SESSION 1
@@ -46,8 +49,16 @@ AnySession open_session(std::filesystem::path const& dir, std::string const& bac
   if (backend != "auto" && backend != "cpu" && backend != "cuda")
     fail(ErrorCode::kInvalidArgument, "--backend must be auto, cpu or cuda, got '" + backend + "'");
 #if defined(LING_WITH_CUDA)
-  // The CUDA session hooks in here: if (backend == "cuda" || (backend == "auto" && <a device is present>))
-  //   return AnySession(<cuda session>::open(dir), "cuda");
+  // The GPU when asked for, or when one is present (auto); auto falls back to the CPU for a checkpoint the CUDA
+  // model does not implement yet, and says so.
+  if (backend == "cuda" || (backend == "auto" && ling::cuda::device_available())) {
+    try {
+      return ling::cuda::make_cuda_session(dir);
+    } catch (ling::Error const& e) {
+      if (backend == "cuda" || e.code() != ErrorCode::kUnsupported) throw;
+      std::fprintf(stderr, "note: using the CPU (%s)\n", e.what());
+    }
+  }
 #endif
   if (backend == "cuda")
     fail(ErrorCode::kUnsupported, "--backend cuda: this build has no CUDA session (configure with LING_CUDA=ON)");

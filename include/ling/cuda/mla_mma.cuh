@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
       float const p = lane < n ? __expf(s - mnew) : 0.f;
       float const sum = dev::warp_sum(p);
       Pb[h * Pp + lane] = bf16_from_float(p).bits;
+      __syncwarp();  // every lane has read mrun[h] before lane 0 rewrites it (racecheck cannot see the shuffles' sync)
       if (lane == 0) {
         float const al = __expf(mold - mnew);
         alpha[h] = al;
