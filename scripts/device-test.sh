@@ -22,7 +22,7 @@ if [ "${1:-}" = "--stage" ]; then
   exit $?
 fi
 
-TARGETS=all; TESTS=""; BENCH=1; BENCH_ARGS="--spec ling3-flash --random-weights"; SANITIZE=0; CPU_TESTS=0
+TARGETS=all; TESTS=""; BENCH=1; BENCH_ARGS="--spec ling3-flash --random-weights --contexts 0,4096,32768,131072 --reps 5"; SANITIZE=0; CPU_TESTS=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --targets) TARGETS="$2"; shift 2;;
@@ -65,11 +65,13 @@ if [ $CPU_TESTS = 1 ]; then
 fi
 if [ $SANITIZE = 1 ]; then
   for tool in memcheck racecheck; do
-    bad=0
-    for exe in $(ctest --test-dir $BUILD -L gpu -N -V "${RF[@]}" 2>/dev/null | sed -n 's/.*Test command: \([^ ]*\).*/\1/p'); do
-      compute-sanitizer --tool $tool --error-exitcode 9 "$exe" >>"$OUT/sanitize-$tool.log" 2>&1 || bad=$((bad+1))
+    bad=0; n=0
+    for exe in $(find $BUILD/tests -type f -executable -name 'test_cuda*' | sort); do
+      [ -n "$TESTS" ] && ! [[ "$(basename "$exe")" =~ $TESTS ]] && continue
+      n=$((n+1))
+      (cd tests && timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$ROOT/$exe" >>"$OUT/sanitize-$tool.log" 2>&1) || bad=$((bad+1))
     done
-    note "compute-sanitizer $tool: $bad failing executables"
+    note "compute-sanitizer $tool: $bad of $n executables report errors; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' ')"
   done
 fi
 
@@ -78,7 +80,7 @@ if [ $BENCH = 1 ]; then
   for b in $BUILD/bench/cuda_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
-    "$b" --benchmark_min_time=0.2s >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
+    "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
