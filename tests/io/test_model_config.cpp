@@ -68,7 +68,7 @@ TEST_CASE("config: the Ling-3.0-flash spec config (spec §1)") {
   CHECK(c.shared_limit(34) == 5.0);
   CHECK(c.shared_limit(40) == 7.0);
   CHECK(c.shared_limit(42) == 0.0);
-  CHECK(c.source.find("ling3-flash.config.json") != std::string::npos);
+  CHECK(c.source.find("ling3-flash-config/config.json") != std::string::npos);
 }
 
 TEST_CASE("config: defaults, nulls and quantization_config") {
