@@ -22,8 +22,6 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 summary=()
 if ! "$BIN/test_cuda_kernels" --help >/dev/null 2>&1; then
   export CMAKE_PREFIX_PATH="$PWD/.deps/root/usr"
-  # tests/io configures ../shared/spec/ling3-flash.config.json, which the device copy lacks: put the copy kept here
-  [ -f ../shared/spec/ling3-flash.config.json ] || { mkdir -p ../shared/spec && cp tests/cuda_model/ling3-flash.config.json ../shared/spec/; }
   rm -rf build/dev
   ls -la .deps/root/usr/include/pcre2.h .deps/root/usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 | tee "$OUT/deps.txt"
   cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
