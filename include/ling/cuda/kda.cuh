@@ -1,8 +1,14 @@
 #pragma once
-// Fused KDA decode step (see kda.hpp). Grid: heads × ceil(V/32) blocks of 256 threads; block (h, s) owns V columns
-// [32s, 32s+32) of head h: it reads and writes that K×32 slice of S exactly once (staged in shared memory between the
-// two passes), recomputing the head's q, k, gates (cheap: 2K conv outputs) instead of synchronizing with the other
-// slices. One pass gives both S'ᵀk and S'ᵀq (S' = decayed S), since o = S''ᵀq = S'ᵀq + (k·q) δ with δ = β(v − S'ᵀk).
+// Fused KDA decode step (see kda.hpp). One pass gives both S'ᵀk and S'ᵀq (S' = decayed S), since
+// o = S''ᵀq = S'ᵀq + (k·q) δ with δ = β(v − S'ᵀk). Each block owns a K×C column slice of one head's state and
+// recomputes the head's q, k, gates (cheap: 2K conv outputs) instead of synchronizing with the other slices.
+//
+// Fast path (kda_step_fast_kernel: V % 4 == 0, K <= 128, conv_kernel <= 4): slices of 16 columns, 128 threads; a
+// thread holds 4 rows × 4 columns of the slice as float4 registers between the two passes. Every global load of the
+// step (state slice, inputs, all ring slots) is issued right after the PDL wait, before any of them is used, so the
+// step costs about one memory latency; the position only selects among the loaded ring slots. Two barriers: one
+// publishes q, k, decay and the combined (Σq², Σk², Σqk) partials, one the per-warp S'ᵀk / S'ᵀq partials.
+// Other shapes take the generic kernel (32-column slices staged in shared memory).
 #include "ling/cuda/device_common.cuh"
 #include "ling/cuda/kda.hpp"
 #include "ling/cuda/model_ops.cuh"
@@ -121,6 +127,191 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
     for (int k = warp; k < K; k += nwarps) S[std::int64_t(k) * V + v] = tile[k * kKdaCols + lane] + ks[k] * d;
 }
 
+inline constexpr int kKdaFastThreads = 128;
+inline constexpr int kKdaFastCols = 16;                                    // columns of a block's slice
+inline constexpr int kKdaFastGroups = kKdaFastCols / 4;                    // float4 column groups per slice
+inline constexpr int kKdaFastRowLanes = kKdaFastThreads / kKdaFastGroups;  // threads along the rows
+inline constexpr int kKdaFastMaxK = 128;
+inline constexpr int kKdaFastRows = kKdaFastMaxK / kKdaFastRowLanes;       // rows per thread
+inline constexpr int kKdaFastWarps = kKdaFastThreads / 32;
+static_assert(kKdaFastThreads >= kKdaFastMaxK && kKdaFastRowLanes % 32 == 0);
+
+// SiLU(w[R-1]·x(t) + Σ_{j>=1, t-j>=0} w[R-1-j]·x(t-j)); ring[] holds every slot, x(t-j) sits in slot (t-j) mod R.
+template <int R>
+__device__ __forceinline__ float kda_conv(float const (&w)[R], float x, float const (&ring)[R], std::int64_t t, int slot) {
+  float acc = w[R - 1] * x;
+#pragma unroll
+  for (int j = 1; j < R; ++j) {
+    if (t - j < 0) break;
+    int sl = slot - j;
+    if (sl < 0) sl += R;
+    float r = ring[0];
+#pragma unroll
+    for (int m = 1; m < R; ++m) r = sl == m ? ring[m] : r;
+    acc += w[R - 1 - j] * r;
+  }
+  return dev::siluf_(acc);
+}
+
+template <int R>
+__global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepArgs a) {
+  __shared__ float qs[kKdaFastMaxK], ks[kKdaFastMaxK], dec[kKdaFastMaxK], vs[kKdaFastCols];
+  __shared__ float sums[3][kKdaFastWarps];
+  __shared__ __align__(16) float red[2][kKdaFastWarps][kKdaFastCols];
+  int const K = a.head_dim, V = a.head_dim, P = a.heads * a.head_dim;
+  int const h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int const v0 = int(blockIdx.y) * kKdaFastCols;
+  int const cg = tid % kKdaFastGroups, rl = tid / kKdaFastGroups;
+  int const vc = v0 + 4 * cg;  // this thread's columns [vc, vc + 4)
+  bool const colok = vc < V;   // V % 4 == 0: a group lies wholly inside or outside
+  bool const qk = tid < K;     // thread tid makes q[tid], k[tid], decay[tid]
+  int const c = h * K + (qk ? tid : 0);
+  bool const vv = tid < kKdaFastCols && v0 + tid < V;  // thread tid < 16 makes v[v0 + tid]
+  int const cv = h * V + (vv ? v0 + tid : 0);
+  ops::pdl_trigger();
+  // Weights only before the wait (no earlier kernel writes them).
+  float wq[R], wk[R], wv[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    wq[j] = qk ? a.conv_w[std::int64_t(c) * R + j] : 0.f;
+    wk[j] = qk ? a.conv_w[std::int64_t(P + c) * R + j] : 0.f;
+    wv[j] = vv ? a.conv_w[std::int64_t(2 * P + cv) * R + j] : 0.f;
+  }
+  float const dtb = qk ? a.dt_bias[c] : 0.f;
+  float const alog = a.a_log[h];
+  ops::pdl_wait();
+  // Every activation / state load of the step in flight at once; none depends on the position.
+  float* S = a.state + std::int64_t(h) * K * V;
+  float4 st[kKdaFastRows];
+#pragma unroll
+  for (int j = 0; j < kKdaFastRows; ++j) {
+    int const r = rl + kKdaFastRowLanes * j;
+    st[j] = colok && r < K ? *reinterpret_cast<float4 const*>(S + std::int64_t(r) * V + vc) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  std::int64_t const t = *a.position;
+  float const xq = qk ? a.x_q[c] : 0.f, xk = qk ? a.x_k[c] : 0.f, fx = qk ? a.f[c] : 0.f, xv = vv ? a.x_v[cv] : 0.f;
+  // All R slots (the one of position t holds a stale value that is never selected; block 0 overwrites it below).
+  float rq_[R], rk_[R], rv_[R];
+#pragma unroll
+  for (int j = 0; j < R; ++j) {
+    float const* slot_p = a.ring + std::int64_t(j) * 3 * P;
+    rq_[j] = qk ? slot_p[c] : 0.f;
+    rk_[j] = qk ? slot_p[P + c] : 0.f;
+    rv_[j] = vv ? slot_p[2 * P + cv] : 0.f;
+  }
+  float const bh = a.b[h];
+  int const slot = int(t % R);
+  float q = 0.f, k = 0.f, dk = 0.f;
+  if (qk) {
+    q = kda_conv<R>(wq, xq, rq_, t, slot);
+    k = kda_conv<R>(wk, xk, rk_, t, slot);
+    float const x = fx + dtb;
+    float const g = a.safe_gate ? a.lower_bound * dev::sigmoidf_(__expf(alog) * x) : -__expf(alog) * dev::softplusf_(x);
+    dk = __expf(g);
+  }
+  qs[tid] = q;  // rows >= K read as 0 below
+  ks[tid] = k;
+  dec[tid] = dk;
+  if (tid < kKdaFastCols) vs[tid] = vv ? kda_conv<R>(wv, xv, rv_, t, slot) : 0.f;
+  float const pqq = dev::warp_sum(q * q), pkk = dev::warp_sum(k * k), pkq = dev::warp_sum(k * q);
+  if (lane == 0) {
+    sums[0][warp] = pqq;
+    sums[1][warp] = pkk;
+    sums[2][warp] = pkq;
+  }
+  // Ring: slot t mod R gets the raw inputs; no block uses that slot's old value for position t.
+  float* ring_t = a.ring + std::int64_t(slot) * 3 * P;
+  if (blockIdx.y == 0 && qk) {
+    ring_t[c] = xq;
+    ring_t[P + c] = xk;
+  }
+  if (vv) ring_t[2 * P + cv] = xv;
+  __syncthreads();
+  float ssq = 0.f, ssk = 0.f, skq = 0.f;
+#pragma unroll
+  for (int w = 0; w < kKdaFastWarps; ++w) {
+    ssq += sums[0][w];
+    ssk += sums[1][w];
+    skq += sums[2][w];
+  }
+  float const rq = rsqrtf(ssq + 1e-6f) * rsqrtf(float(K));
+  float const rk = rsqrtf(ssk + 1e-6f);
+  float const kq = skq * rq * rk;  // (k̂·q̂)
+  float const beta = dev::sigmoidf_(bh);
+  // Pass 1: S' = decay ⊙ S (rows), kept in registers; partial S'ᵀk̂ and S'ᵀq̂ over this thread's rows.
+  float pk[4] = {0.f, 0.f, 0.f, 0.f}, pq[4] = {0.f, 0.f, 0.f, 0.f}, kn[kKdaFastRows];
+#pragma unroll
+  for (int j = 0; j < kKdaFastRows; ++j) {
+    int const r = rl + kKdaFastRowLanes * j;  // < kKdaFastMaxK; rows >= K hold zeros everywhere
+    float const dr = dec[r], qn = qs[r] * rq;
+    kn[j] = ks[r] * rk;
+    st[j].x *= dr;
+    st[j].y *= dr;
+    st[j].z *= dr;
+    st[j].w *= dr;
+    pk[0] += st[j].x * kn[j];
+    pk[1] += st[j].y * kn[j];
+    pk[2] += st[j].z * kn[j];
+    pk[3] += st[j].w * kn[j];
+    pq[0] += st[j].x * qn;
+    pq[1] += st[j].y * qn;
+    pq[2] += st[j].z * qn;
+    pq[3] += st[j].w * qn;
+  }
+  // Lanes of one column group differ in the lane bits >= log2(kKdaFastGroups).
+#pragma unroll
+  for (int off = kKdaFastGroups; off < 32; off <<= 1)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      pk[m] += __shfl_xor_sync(0xffffffffu, pk[m], off);
+      pq[m] += __shfl_xor_sync(0xffffffffu, pq[m], off);
+    }
+  if (lane < kKdaFastGroups) {  // cg == lane
+    *reinterpret_cast<float4*>(&red[0][warp][4 * cg]) = make_float4(pk[0], pk[1], pk[2], pk[3]);
+    *reinterpret_cast<float4*>(&red[1][warp][4 * cg]) = make_float4(pq[0], pq[1], pq[2], pq[3]);
+  }
+  __syncthreads();
+  float kv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int w = 0; w < kKdaFastWarps; ++w) {
+    float4 const x = *reinterpret_cast<float4 const*>(&red[0][w][4 * cg]);
+    kv[0] += x.x;
+    kv[1] += x.y;
+    kv[2] += x.z;
+    kv[3] += x.w;
+  }
+  float dl[4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) dl[m] = beta * (vs[4 * cg + m] - kv[m]);
+  if (tid < kKdaFastGroups && colok) {  // o = S'ᵀq̂ + (k̂·q̂) δ
+    float qv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int w = 0; w < kKdaFastWarps; ++w) {
+      float4 const x = *reinterpret_cast<float4 const*>(&red[1][w][4 * cg]);
+      qv[0] += x.x;
+      qv[1] += x.y;
+      qv[2] += x.z;
+      qv[3] += x.w;
+    }
+    float* o = a.o + std::int64_t(h) * V + vc;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) o[m] = qv[m] + kq * dl[m];
+  }
+  // Pass 2: S'' = S' + k̂ δᵀ
+#pragma unroll
+  for (int j = 0; j < kKdaFastRows; ++j) {
+    int const r = rl + kKdaFastRowLanes * j;
+    if (colok && r < K) {
+      float4 x = st[j];
+      x.x += kn[j] * dl[0];
+      x.y += kn[j] * dl[1];
+      x.z += kn[j] * dl[2];
+      x.w += kn[j] * dl[3];
+      *reinterpret_cast<float4*>(S + std::int64_t(r) * V + vc) = x;
+    }
+  }
+}
+
 inline std::size_t kda_step_smem(int head_dim) {
   return sizeof(float) * (std::size_t(3 * head_dim) + kKdaCols + 2 * (kKdaThreads / 32) * kKdaCols +
                           std::size_t(head_dim) * kKdaCols);
@@ -128,10 +319,22 @@ inline std::size_t kda_step_smem(int head_dim) {
 
 inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
   require(a.heads > 0 && a.head_dim > 0 && a.conv_kernel >= 1, ErrorCode::kInvalidArgument, "kda_step: bad dims");
-  std::size_t smem = kda_step_smem(a.head_dim);
-  ops::allow_smem(kda_step_kernel, smem);
-  dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaCols - 1) / kKdaCols));
-  ops::launch(kda_step_kernel, grid, kKdaThreads, smem, st, a);
+  bool const fast = a.head_dim % 4 == 0 && a.head_dim <= kKdaFastMaxK && a.conv_kernel <= 4 &&
+                    reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0;
+  if (fast) {
+    dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaFastCols - 1) / kKdaFastCols));
+    switch (a.conv_kernel) {
+      case 1: ops::launch(kda_step_fast_kernel<1>, grid, kKdaFastThreads, 0, st, a); break;
+      case 2: ops::launch(kda_step_fast_kernel<2>, grid, kKdaFastThreads, 0, st, a); break;
+      case 3: ops::launch(kda_step_fast_kernel<3>, grid, kKdaFastThreads, 0, st, a); break;
+      default: ops::launch(kda_step_fast_kernel<4>, grid, kKdaFastThreads, 0, st, a); break;
+    }
+  } else {
+    std::size_t smem = kda_step_smem(a.head_dim);
+    ops::allow_smem(kda_step_kernel, smem);
+    dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaCols - 1) / kKdaCols));
+    ops::launch(kda_step_kernel, grid, kKdaThreads, smem, st, a);
+  }
   check_launch("kda_step");
 }
 
