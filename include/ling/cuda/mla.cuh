@@ -1,6 +1,15 @@
 #pragma once
 // Gated MLA absorbed decode kernels (see mla.hpp). nvcc only.
+//
+// The two kv_b matvecs (q̂ = W_UKᵀ q_nope and O = W_UV o_lat) read kv_b 16 bytes per lane per row, as stored,
+// with the weight loads issued before the PDL wait and every row of a thread in flight at once:
+//  - mla_qhat_kernel: block (head, 8 chunks of columns); a thread owns one 16-byte column chunk and a stride-32 set
+//    of the head's nope rows, accumulates the chunk's kElems columns, then a warp shuffle + shared-memory sum over
+//    the row groups. Extra blocks write the new cache row and the roped q_rope part (in parallel with the matvec).
+//  - mla_uv_fast_kernel: a warp owns 4 rows of one head; lane keeps its o_lat chunk(s) in registers for all 4 rows.
+// Shapes whose rows are not whole 16-byte chunks take the element-wise kernels (mla_prepare_kernel, mla_uv_kernel).
 #include <cmath>
+#include <cstdint>
 
 #include "ling/cuda/mla.hpp"
 #include "ling/cuda/mla_mma.cuh"
@@ -17,6 +26,207 @@ __device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, 
   float a = x0, b = x1;
   x0 = a * float(c) - b * float(s);
   x1 = a * float(s) + b * float(c);
+}
+
+// 16 bytes of kv_b storage -> kElems fp32 values (unscaled) and the scale of (row r, chunk c) of a [rows, cols] matrix.
+template <MatFormat F> struct MlaChunk;
+template <> struct MlaChunk<MatFormat::kF32> {
+  static constexpr int kElems = 4;
+  __device__ static void decode(uint4 v, float* f) {
+    f[0] = __uint_as_float(v.x);
+    f[1] = __uint_as_float(v.y);
+    f[2] = __uint_as_float(v.z);
+    f[3] = __uint_as_float(v.w);
+  }
+  __device__ static float scale(void const*, std::int64_t, std::int64_t, std::int64_t) { return 1.f; }
+};
+template <> struct MlaChunk<MatFormat::kBf16> {
+  static constexpr int kElems = 8;
+  __device__ static void decode(uint4 v, float* f) {
+    std::uint32_t const u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(u[i] << 16);
+      f[2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+  }
+  __device__ static float scale(void const*, std::int64_t, std::int64_t, std::int64_t) { return 1.f; }
+};
+template <> struct MlaChunk<MatFormat::kFp8Block> {
+  static constexpr int kElems = 16;
+  __device__ static void decode(uint4 v, float* f) {
+    dev::e4m3x4_to_float(v.x, f);
+    dev::e4m3x4_to_float(v.y, f + 4);
+    dev::e4m3x4_to_float(v.z, f + 8);
+    dev::e4m3x4_to_float(v.w, f + 12);
+  }
+  // scale block (r/128, col/128) with col = 16c
+  __device__ static float scale(void const* s, std::int64_t cols, std::int64_t r, std::int64_t c) {
+    return static_cast<float const*>(s)[(r >> 7) * ((cols + 127) >> 7) + (c >> 3)];
+  }
+};
+template <> struct MlaChunk<MatFormat::kFp8Row> {
+  static constexpr int kElems = 16;
+  __device__ static void decode(uint4 v, float* f) { MlaChunk<MatFormat::kFp8Block>::decode(v, f); }
+  __device__ static float scale(void const* s, std::int64_t, std::int64_t r, std::int64_t) { return static_cast<float const*>(s)[r]; }
+};
+template <> struct MlaChunk<MatFormat::kMxfp4> {
+  static constexpr int kElems = 32;  // 16 bytes = one UE8M0 scale block
+  __device__ static void decode(uint4 v, float* f) {
+    dev::e2m1x8_to_float_scaled(v.x, f);
+    dev::e2m1x8_to_float_scaled(v.y, f + 8);
+    dev::e2m1x8_to_float_scaled(v.z, f + 16);
+    dev::e2m1x8_to_float_scaled(v.w, f + 24);
+  }
+  __device__ static float scale(void const* s, std::int64_t cols, std::int64_t r, std::int64_t c) {
+    return dev::ue8m0_to_float(static_cast<std::uint8_t const*>(s)[r * (cols >> 5) + c]) * dev::kE2m1HalfFactor;
+  }
+};
+
+// The fast kv_b paths need rows of whole 16-byte chunks (kv_b.cols == rank) at a 16-byte aligned base.
+inline bool mla_kvb_vectorizable(MlaDecodeArgs const& a) {
+  int e = 0;
+  switch (a.kv_b.format) {
+    case MatFormat::kF32: e = 4; break;
+    case MatFormat::kBf16: e = 8; break;
+    case MatFormat::kFp8Block:
+    case MatFormat::kFp8Row: e = 16; break;
+    case MatFormat::kMxfp4: e = 32; break;
+  }
+  return e > 0 && a.kv_b.cols == a.d.rank && a.d.rank % e == 0 && reinterpret_cast<std::uintptr_t>(a.kv_b.data) % 16 == 0;
+}
+
+inline constexpr int kQhatThreads = 256;
+inline constexpr int kQhatChunks = 8;                              // 16-byte column chunks per block
+inline constexpr int kQhatRowLanes = kQhatThreads / kQhatChunks;  // row groups (32: a warp spans 4)
+inline constexpr int kQhatRowsInFlight = 4;                        // rows per thread per batch: 128 rows of the head
+static_assert(kQhatChunks == 8 && kQhatRowLanes % 32 == 0, "the shuffle reduction assumes 8 chunks across a warp");
+
+// The new cache row [RMSNorm(c) | RoPE(k_rope)] (one block).
+__device__ inline void mla_write_cache_row(MlaDecodeArgs const& a, std::int64_t t, float* scratch) {
+  MlaDims const d = a.d;
+  int const tid = threadIdx.x, L = d.latent();
+  float ss = 0.f;
+  for (int i = tid; i < d.rank; i += blockDim.x) ss += a.kv_a[i] * a.kv_a[i];
+  float inv = rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
+  std::uint16_t* row = a.cache + t * L;
+  for (int i = tid; i < d.rank; i += blockDim.x) row[i] = bf16_from_float(a.kv_norm[i] * (a.kv_a[i] * inv)).bits;
+  if (d.use_rope) {
+    for (int j = tid; j < d.rope / 2; j += blockDim.x) {
+      float x0 = a.kv_a[d.rank + 2 * j], x1 = a.kv_a[d.rank + 2 * j + 1];
+      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+      row[d.rank + 2 * j] = bf16_from_float(x0).bits;
+      row[d.rank + 2 * j + 1] = bf16_from_float(x1).bits;
+    }
+  } else {
+    for (int j = tid; j < d.rope; j += blockDim.x) row[d.rank + j] = bf16_from_float(a.kv_a[d.rank + j]).bits;
+  }
+}
+
+inline int mla_qhat_col_blocks(MlaDims const& d, int elems) { return (d.rank / elems + kQhatChunks - 1) / kQhatChunks; }
+inline int mla_qhat_rope_blocks(MlaDims const& d) {
+  std::int64_t const items = std::int64_t(d.heads) * (d.use_rope ? d.rope / 2 : d.rope);
+  return int((items + kQhatThreads - 1) / kQhatThreads);
+}
+
+// Blocks [0, H·col_blocks): q̂_h over one column range; block H·col_blocks: the cache row; the rest: q_rope of all heads.
+template <MatFormat F>
+__global__ void __launch_bounds__(kQhatThreads) mla_qhat_kernel(MlaDecodeArgs a, int col_blocks) {
+  using D = MlaChunk<F>;
+  constexpr int E = D::kElems;
+  __shared__ __align__(16) float red[kQhatThreads / 32][kQhatChunks * E];
+  __shared__ float scratch[32];
+  MlaDims const d = a.d;
+  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int const L = d.latent();
+  int const nq = d.heads * col_blocks;
+  int const b = int(blockIdx.x);
+  ops::pdl_trigger();
+  if (b >= nq) {
+    ops::pdl_wait();
+    std::int64_t const t = *a.position;
+    if (b == nq) {
+      mla_write_cache_row(a, t, scratch);
+      return;
+    }
+    int const per = d.use_rope ? d.rope / 2 : d.rope;
+    std::int64_t const it = std::int64_t(b - nq - 1) * kQhatThreads + tid;
+    if (per == 0 || it >= std::int64_t(d.heads) * per) return;
+    int const h = int(it / per), j = int(it % per);
+    float const* qh = a.q + std::int64_t(h) * d.qk() + d.nope;
+    float* dst = a.q_hat + std::int64_t(h) * L + d.rank;
+    if (d.use_rope) {
+      float x0 = qh[2 * j], x1 = qh[2 * j + 1];
+      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+      dst[2 * j] = x0;
+      dst[2 * j + 1] = x1;
+    } else {
+      dst[j] = qh[j];
+    }
+    return;
+  }
+  int const h = b / col_blocks, cb = b % col_blocks;
+  int const ch = tid % kQhatChunks, rg = tid / kQhatChunks;
+  int const nchunks = d.rank / E;
+  std::int64_t const chunk = std::int64_t(cb) * kQhatChunks + ch;
+  bool const cok = chunk < nchunks;
+  std::int64_t const rb = std::int64_t(nchunks) * 16;  // bytes per kv_b row
+  std::int64_t const row0 = std::int64_t(h) * (d.nope + d.v);
+  char const* wbase = static_cast<char const*>(a.kv_b.data) + row0 * rb + chunk * 16;
+  float const* qh = a.q + std::int64_t(h) * d.qk();
+  uint4 w[kQhatRowsInFlight];
+  float sc[kQhatRowsInFlight];
+  auto load = [&](int i0) {
+#pragma unroll
+    for (int m = 0; m < kQhatRowsInFlight; ++m) {
+      int const i = i0 + rg + kQhatRowLanes * m;
+      bool const ok = cok && i < d.nope;
+      w[m] = ok ? ops::load_stream(wbase + std::int64_t(i) * rb) : make_uint4(0u, 0u, 0u, 0u);
+      sc[m] = ok ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + i, chunk) : 0.f;
+    }
+  };
+  load(0);  // weights: before the wait
+  ops::pdl_wait();
+  float acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.f;
+  for (int i0 = 0; i0 < d.nope; i0 += kQhatRowLanes * kQhatRowsInFlight) {
+    if (i0 > 0) load(i0);
+    float qs[kQhatRowsInFlight];
+#pragma unroll
+    for (int m = 0; m < kQhatRowsInFlight; ++m) {
+      int const i = i0 + rg + kQhatRowLanes * m;
+      qs[m] = i < d.nope ? qh[i] * sc[m] : 0.f;  // sc = 0 outside the matrix
+    }
+#pragma unroll
+    for (int m = 0; m < kQhatRowsInFlight; ++m) {
+      float f[E];
+      D::decode(w[m], f);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] += f[e] * qs[m];
+    }
+  }
+  // Sum the 4 row groups of the warp (lane bits 3 and 4), then the warps through shared memory.
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 8);
+    acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], 16);
+  }
+  if (lane < kQhatChunks) {  // ch == lane
+#pragma unroll
+    for (int e = 0; e < E; e += 4)
+      *reinterpret_cast<float4*>(&red[warp][ch * E + e]) = make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
+  }
+  __syncthreads();
+  for (int ci = tid; ci < kQhatChunks * E; ci += kQhatThreads) {
+    std::int64_t const col = std::int64_t(cb) * kQhatChunks * E + ci;
+    if (col < d.rank) {
+      float sum = 0.f;
+#pragma unroll
+      for (int wi = 0; wi < kQhatThreads / 32; ++wi) sum += red[wi][ci];
+      a.q_hat[std::int64_t(h) * L + col] = sum;
+    }
+  }
 }
 
 template <MatFormat F>
@@ -248,6 +458,78 @@ __global__ void __launch_bounds__(256) mla_uv_kernel(MlaDecodeArgs a, float cons
   if (lane == 0) out[idx] = o[0] * g;
 }
 
+inline constexpr int kUvWarps = 4;
+inline constexpr int kUvRowsPerWarp = 4;
+inline constexpr int kUvRowsPerBlock = kUvWarps * kUvRowsPerWarp;
+inline constexpr int kUvMaxChunksPerLane = 2;  // rows of at most 64 chunks (rank 512 in bf16; 1024 in fp8)
+
+// O[h·dv + i] = (W_UV,h o_lat,h)[i] · gate. Block = (head, 16 rows); warp = 4 rows, all loaded before the PDL wait;
+// lane keeps o_lat columns of its chunk(s) in registers for the 4 rows.
+template <MatFormat F>
+__global__ void __launch_bounds__(kUvWarps * 32) mla_uv_fast_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
+  using D = MlaChunk<F>;
+  constexpr int E = D::kElems, U = kUvMaxChunksPerLane, NR = kUvRowsPerWarp;
+  MlaDims const d = a.d;
+  int const warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  int const bph = (d.v + kUvRowsPerBlock - 1) / kUvRowsPerBlock;
+  int const h = int(blockIdx.x) / bph;
+  int const i0 = (int(blockIdx.x) % bph) * kUvRowsPerBlock + warp * NR;
+  int const nchunks = d.rank / E;
+  std::int64_t const rb = std::int64_t(nchunks) * 16;
+  std::int64_t const row0 = std::int64_t(h) * (d.nope + d.v) + d.nope + i0;
+  ops::pdl_trigger();
+  uint4 w[NR][U];
+  float sc[NR][U];
+#pragma unroll
+  for (int r = 0; r < NR; ++r)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      int const c = lane + 32 * u;
+      bool const ok = i0 + r < d.v && c < nchunks;
+      w[r][u] = ok ? ops::load_stream(static_cast<char const*>(a.kv_b.data) + (row0 + r) * rb + std::int64_t(c) * 16)
+                   : make_uint4(0u, 0u, 0u, 0u);
+      sc[r][u] = ok ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + r, c) : 0.f;
+    }
+  ops::pdl_wait();
+  float x[U][E];
+  float const* ol = a.o_lat + std::int64_t(h) * d.rank;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    int const c = lane + 32 * u;
+#pragma unroll
+    for (int e = 0; e < E; e += 4) {
+      float4 v = c < nchunks ? *reinterpret_cast<float4 const*>(ol + std::int64_t(c) * E + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[u][e] = v.x;
+      x[u][e + 1] = v.y;
+      x[u][e + 2] = v.z;
+      x[u][e + 3] = v.w;
+    }
+  }
+  float acc[NR];
+#pragma unroll
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = 0.f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float f[E];
+      D::decode(w[r][u], f);
+      float dot = 0.f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot += f[e] * x[u][e];
+      acc[r] += dot * sc[r][u];
+    }
+    acc[r] = dev::warp_sum(acc[r]);
+  }
+  if (lane == 0)
+#pragma unroll
+    for (int r = 0; r < NR; ++r) {
+      if (i0 + r >= d.v) break;
+      std::int64_t const idx = std::int64_t(h) * d.v + i0 + r;
+      float const g = gate_mode == 1 ? dev::sigmoidf_(gate[h]) : gate_mode == 2 ? dev::sigmoidf_(gate[idx]) : 1.f;
+      out[idx] = acc[r] * g;
+    }
+}
+
 inline int mla_heads_per_thread(MlaDims const& d) {
   // largest HPT in {16, 8, 4, 2, 1} dividing H with (r/4)·(H/HPT) <= 256 threads
   for (int hpt : {1, 2, 4, 8, 16})
@@ -272,8 +554,16 @@ inline Status mla_can_implement(MlaDims const& d) {
 // The three launches after the projections; out [H·dv] goes to the dense matvec.
 inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
   mla_can_implement(a.d).throw_if_error();
+  bool const vec = mla_kvb_vectorizable(a);
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
-    ops::launch(mla_prepare_kernel<decltype(f)::value>, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
+    constexpr MatFormat F = decltype(f)::value;
+    if (vec) {
+      int const cbs = mla_qhat_col_blocks(a.d, MlaChunk<F>::kElems);
+      unsigned const blocks = unsigned(a.d.heads * cbs + 1 + mla_qhat_rope_blocks(a.d));
+      ops::launch(mla_qhat_kernel<F>, blocks, kQhatThreads, 0, st, a, cbs);
+    } else {
+      ops::launch(mla_prepare_kernel<F>, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
+    }
   });
   check_launch("mla_prepare");
   bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_supported(a.d));
@@ -302,8 +592,15 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   check_launch("mla_attend");
   ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
   check_launch("mla_combine");
+  bool const uv_vec = vec && reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
-    ops::launch(mla_uv_kernel<decltype(f)::value>, unsigned((std::int64_t(a.d.heads) * a.d.v + 7) / 8), 256, 0, st, a, gate, gate_mode, out);
+    constexpr MatFormat F = decltype(f)::value;
+    if (uv_vec && a.d.rank / MlaChunk<F>::kElems <= 32 * kUvMaxChunksPerLane) {
+      unsigned const blocks = unsigned(a.d.heads * ((a.d.v + kUvRowsPerBlock - 1) / kUvRowsPerBlock));
+      ops::launch(mla_uv_fast_kernel<F>, blocks, kUvWarps * 32, 0, st, a, gate, gate_mode, out);
+    } else {
+      ops::launch(mla_uv_kernel<F>, unsigned((std::int64_t(a.d.heads) * a.d.v + 7) / 8), 256, 0, st, a, gate, gate_mode, out);
+    }
   });
   check_launch("mla_uv");
 }
