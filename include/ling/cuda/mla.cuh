@@ -411,8 +411,12 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   }
 }
 
+// Block (head, 128 columns): the split weights exp(m_s − m) and the denominator once per block (shared memory), then
+// each column is one pass of independent loads over the splits. Dynamic shared memory: `splits` floats.
 __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
-  int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x;
+  extern __shared__ float ws[];
+  __shared__ float scratch[32];
+  int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int const H = a.d.heads, r = a.d.rank;
   ops::pdl_trigger();
   ops::pdl_wait();
@@ -420,16 +424,25 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   std::int64_t const chunk = mla_chunk(len, a.splits);
   int const used = int((len + chunk - 1) / chunk);
   float m = -INFINITY;
-#pragma unroll 8
-  for (int s = 0; s < used; ++s) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
-  if (col >= r) return;
-  float num = 0.f, den = 0.f;
-#pragma unroll 8
-  for (int s = 0; s < used; ++s) {
-    float w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
+  for (int s = tid; s < used; s += blockDim.x) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
+  m = dev::warp_max(m);
+  if (lane == 0) scratch[warp] = m;
+  __syncthreads();
+  m = scratch[0];
+  for (int w = 1; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
+  float den = 0.f;
+  for (int s = tid; s < used; s += blockDim.x) {
+    float const w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
+    ws[s] = w;
     den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];
-    num += w * a.part_o[(std::int64_t(s) * H + h) * r + col];
   }
+  den = dev::block_sum(den, scratch);  // its barriers also publish ws
+  if (col >= r) return;
+  float const* po = a.part_o + std::int64_t(h) * r + col;
+  std::int64_t const stride = std::int64_t(H) * r;
+  float num = 0.f;
+#pragma unroll 16
+  for (int s = 0; s < used; ++s) num += ws[s] * po[s * stride];
   a.o_lat[std::int64_t(h) * r + col] = num / den;
 }
 
@@ -590,7 +603,9 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   }
   }
   check_launch("mla_attend");
-  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, 0, st, a);
+  std::size_t const combine_smem = sizeof(float) * std::size_t(a.splits > 0 ? a.splits : 1);
+  ops::allow_smem(mla_combine_kernel, combine_smem);
+  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, combine_smem, st, a);
   check_launch("mla_combine");
   bool const uv_vec = vec && reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
