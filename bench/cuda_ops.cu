@@ -220,6 +220,67 @@ void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_onl
   });
 }
 
+// Tuning variants: the same MoE step with a register budget that allows kMinG / kMinD resident blocks per SM.
+template <class PE, class PS, int kMinG, int kMinD>
+void BM_MoeStepTuned(benchmark::State& state, int layers, int steps) {
+  constexpr std::int64_t kHidden = 2560, kInter = 768;
+  constexpr int kExperts = 512, kTopK = 8;
+  std::vector<MoeWeights<PE, PS>> w(static_cast<std::size_t>(layers));
+  for (auto& l : w) {
+    l.gate = random_device_matrix<PE>(kInter, kHidden, kExperts);
+    l.up = random_device_matrix<PE>(kInter, kHidden, kExperts);
+    l.down = random_device_matrix<PE>(kHidden, kInter, kExperts);
+    l.shared_gate = random_device_matrix<PS>(kInter, kHidden);
+    l.shared_up = random_device_matrix<PS>(kInter, kHidden);
+    l.shared_down = random_device_matrix<PS>(kHidden, kInter);
+  }
+  std::mt19937 g(7);
+  std::vector<int> ids;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> all(kExperts);
+    for (int e = 0; e < kExperts; ++e) all[std::size_t(e)] = e;
+    std::shuffle(all.begin(), all.end(), g);
+    ids.insert(ids.end(), all.begin(), all.begin() + kTopK);
+  }
+  DeviceBuffer dids(ids.size() * sizeof(int));
+  dids.upload(ids.data(), ids.size() * sizeof(int));
+  DVec wts{static_cast<std::size_t>(steps) * kTopK}, u{kHidden}, h{static_cast<std::size_t>(w[0].h_elements(kTopK))}, hid{kHidden};
+  run_graph(state, steps, double(w[0].bytes_per_token(kTopK)), [&](int i, cudaStream_t s) {
+    MoeStep st{dids.data<int>() + i * kTopK, wts.p() + i * kTopK, kTopK, 4.0f, 5.0f};
+    kernels::MoeArgs a = kernels::moe_args(w[std::size_t(i % layers)], st);
+    auto ke = kernels::make_key<PE>();
+    auto ks = kernels::make_key<PS>();
+    cudaError_t e = kernels::launch_moe_gate_up_keyed<kMinG>(ke, ks, a, u.p(), InputPrologue{}, h.p(), s);
+    if (e != cudaSuccess) return e;
+    return kernels::launch_moe_down_keyed<kMinD>(ke, ks, a, h.p(), hid.p(), hid.p(), s);
+  });
+}
+
+// Tuning variants of the fused projections: kNR rows per warp task, kMinB resident blocks per SM.
+template <class P, int kNR, int kMinB>
+void BM_MatvecMultiTuned(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
+  double bytes = 0;
+  std::int64_t out = 0;
+  for (auto r : rows) {
+    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
+    out += r;
+  }
+  int const copies = copies_for(bytes);
+  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
+  std::vector<kernels::MultiArgs> args(static_cast<std::size_t>(copies));
+  DVec x{std::size_t(cols)}, y{std::size_t(out)};
+  for (int i = 0; i < copies; ++i) {
+    auto& a = args[std::size_t(i)];
+    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
+    a.count = int(rows.size());
+    for (int k = 0; k < a.count; ++k) a.m[k] = w[std::size_t(i)][std::size_t(k)].args();
+    kernels::finish_multi_args<P, kNR>(a, y.p(), nullptr);
+  }
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
+    return kernels::launch_matvec_keyed<kNR, kMinB>(kernels::make_key<P>(), args[std::size_t(i)], x.p(), InputPrologue{}, {}, s);
+  });
+}
+
 void BM_Router(benchmark::State& state) {
   constexpr std::int64_t kE = 512, kHidden = 2560;
   double const bytes = double(DeviceMatrix<quant::Bf16>::allocate(kE, kHidden).bytes_per_matrix());
@@ -289,7 +350,7 @@ int main(int argc, char** argv) {
     })->UseManualTime()->Unit(benchmark::kMicrosecond);
   };
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_bits", [](benchmark::State& s) { BM_MatvecMulti<Fp8BlockBits>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
@@ -301,10 +362,8 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
-  reg("moe_step_8of512_mxfp4quad_mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, false); });
-  reg("moe_gate_up_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, true, false); });
-  reg("moe_down_8of512_mxfp4quad_mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4Quad, Fp8Block>(s, 4, 40, false, true); });
-  reg("moe_step_8of512_mxfp4half+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4Half, quant::Fp8Block>(s, 4, 40, false, false); });
+  reg("moe_step_mxfp4_min2_min2", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 2>(s, 4, 40); });
+  reg("moe_step_mxfp4_min2_min4", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 4>(s, 4, 40); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
   reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });
   reg("lm_head_[157184,2560]_bf16_argmax", [](benchmark::State& s) { BM_LmHead<Bf16>(s); });

@@ -205,6 +205,7 @@ std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatr
     a.dn_stride_s = std::int64_t(dn[0].scales.size());
   }
   a.top_k = top_k;
+  a.experts = int(gate.size());
   a.inter = inter;
   a.sel_idx = didx.data<int>();
   a.sel_w = dwts.data<float>();
@@ -231,12 +232,12 @@ HeadOut head(HostMatrix const& w, std::vector<float> const& x, std::vector<float
   DevMatrix dm(w);
   auto dx = up(x), dn = up(norm_w);
   auto logits = poisoned(w.rows);
-  int blocks = cuda::ops::head_blocks(w.rows);
-  auto bb = poisoned(blocks), bi = poisoned(blocks), tok = poisoned(1);
+  auto tok = poisoned(1);
+  auto key = up(std::vector<unsigned long long>{0});
   auto counter = up(std::vector<unsigned>{0});
   cuda::ops::PrologueArgs pa{cuda::ops::Prologue::kRmsNorm, dn.data<float>(), nullptr, 0, 1e-6f};
   cuda::ops::head(nullptr, dx.data<float>(), pa, dm.m, logits.data<float>(),
-                  {bb.data<float>(), bi.data<int>(), tok.data<int>(), counter.data<unsigned>()});
+                  {key.data<unsigned long long>(), counter.data<unsigned>(), tok.data<int>()});
   HeadOut r;
   r.logits = down<float>(logits, w.rows);
   r.argmax = down<int>(tok, 1)[0];

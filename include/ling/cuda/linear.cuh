@@ -16,6 +16,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstdlib>
 #include <type_traits>
 
 #include "ling/cuda/linear.hpp"
@@ -73,6 +74,96 @@ __device__ __forceinline__ void stage(float* xs, std::int64_t n_stage, Src src) 
 // Stages x[0..n), zero-filled up to n_stage.
 __device__ __forceinline__ void stage_x(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
   stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
+}
+
+__device__ __forceinline__ float block_sum(float v, float* red) {  // red: 32 floats of shared memory
+  v = warp_sum(v);
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x + 31) >> 5;
+  __syncthreads();  // red may still be read by an earlier call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = lane < nwarps ? red[lane] : 0.f;
+  return warp_sum(t);
+}
+
+// Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
+// synchronizes the block afterwards. The raw values are staged first (batched loads), then scaled in place.
+__device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
+                                            InputPrologue const& p) {
+  __shared__ float red[32];
+  int const end = int(round32(n_stage)), nn = int(n);
+  float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
+  float ss = 0.f;
+  for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
+    float v[kStageBatch];
+#pragma unroll
+    for (int i = 0; i < kStageBatch; ++i) {
+      int const c = base + i * int(blockDim.x);
+      v[i] = c < nn ? x[c] : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < kStageBatch; ++i) {
+      int const c = base + i * int(blockDim.x);
+      if (c < end) xs[xpad(c)] = v[i] * pre;
+      ss = fmaf(v[i], v[i], ss);
+    }
+  }
+  if (p.kind == PrologueKind::kRmsNorm) {
+    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
+    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];  // own elements: no barrier
+  } else if (p.kind == PrologueKind::kGatedHeadNorm) {
+    __syncthreads();
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
+    for (int h = warp; h < nn / p.head; h += nwarps) {
+      int const c0 = h * p.head;
+      float hs = 0.f;
+      for (int i = lane; i < p.head; i += 32) hs = fmaf(xs[xpad(c0 + i)], xs[xpad(c0 + i)], hs);
+      float const inv = rsqrtf(warp_sum(hs) / float(p.head) + p.eps) * kXPre;
+      for (int i = lane; i < p.head; i += 32) {
+        float const g = p.gate[c0 + i];
+        xs[xpad(c0 + i)] *= inv * p.norm_w[i] / (1.0f + expf(-g));
+      }
+    }
+  }
+}
+
+// ---- programmatic dependent launch (PDL) ---------------------------------------------------------------------
+// A kernel of the decode step triggers its dependents at entry (their blocks are scheduled as this grid's blocks
+// retire), prefetches into L2 the weights it is about to stream (they depend on no earlier kernel), and only then
+// waits for the previous kernel's results. Launched without the PDL attribute both instructions are no-ops.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void prefetch_l2(void const* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+// One warp prefetches `bytes` from p, one 128-byte line per lane per step.
+__device__ __forceinline__ void warp_prefetch(void const* p, std::int64_t bytes) {
+  for (std::int64_t off = std::int64_t(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
+    prefetch_l2(static_cast<char const*>(p) + off);
+}
+
+// LING_NO_PDL=1 turns the attribute off (A/B measurements).
+inline bool pdl_enabled() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_NO_PDL");
+    return !(e && *e && *e != '0');
+  }();
+  return on;
+}
+
+// Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream.
+template <class... KArgs, class... Args>
+inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+                             Args const&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = (pdl_enabled() && st != nullptr) ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...);
 }
 
 __device__ __forceinline__ float ue8m0_float(std::uint8_t s) {
@@ -420,6 +511,12 @@ __host__ __device__ constexpr std::int64_t staged_elems(MatrixArgs const& m) {
     return m.cols;
 }
 
+// Policy P read from its own storage, element by element through P::decode (DeviceLayout's primary template: no fast
+// kernel): what a matrix whose rows are not a whole number of 16-byte chunks runs (the model keeps checkpoint bytes
+// as they are; tiny test shapes hit this).
+template <class P>
+struct Unaligned : P {};
+
 // ---- kernel template keys ------------------------------------------------------------------------------------
 // nvcc 13.0's host stub cannot spell a __global__ template instantiated on quant::Plain<T, kName> (a pointer to a
 // char array as template argument), nor any typedef that names it, so kernels are instantiated on a key returned
@@ -431,19 +528,25 @@ constexpr auto make_key() {
   if constexpr (std::is_same_v<P, quant::Bf16>) return PlainKey<1>{};
   else if constexpr (std::is_same_v<P, quant::F16>) return PlainKey<2>{};
   else if constexpr (std::is_same_v<P, quant::F32>) return PlainKey<3>{};
+  else if constexpr (std::is_same_v<P, Unaligned<quant::Bf16>>) return PlainKey<4>{};
+  else if constexpr (std::is_same_v<P, Unaligned<quant::F32>>) return PlainKey<6>{};
   else return P{};
 }
 template <class K> struct PolicyOf { using type = K; };
 template <> struct PolicyOf<PlainKey<1>> { using type = quant::Bf16; };
 template <> struct PolicyOf<PlainKey<2>> { using type = quant::F16; };
 template <> struct PolicyOf<PlainKey<3>> { using type = quant::F32; };
+template <> struct PolicyOf<PlainKey<4>> { using type = Unaligned<quant::Bf16>; };
+template <> struct PolicyOf<PlainKey<6>> { using type = Unaligned<quant::F32>; };
 template <class K> using policy_of = typename PolicyOf<K>::type;
 
 // ---- the matvec kernel -------------------------------------------------------------------------------------
 struct MultiArgs {
   MatrixArgs m[kMaxMultiMatrices];
   std::int64_t task_begin[kMaxMultiMatrices + 1];  // prefix sums of tasks (NR rows each)
-  std::int64_t row_begin[kMaxMultiMatrices + 1];   // prefix sums of rows = output offsets
+  std::int64_t row_begin[kMaxMultiMatrices + 1];   // prefix sums of rows (argmax ids)
+  float* out[kMaxMultiMatrices];                   // output of matrix i, [rows_i]
+  float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
 };
 
@@ -451,6 +554,7 @@ struct ArgmaxArgs {
   unsigned long long* key = nullptr;  // best (ordered logit << 32 | ~id); null: no argmax
   unsigned int* counter = nullptr;
   int* out = nullptr;
+  std::int32_t* position = nullptr;   // when set, the last block also advances it (the decode step's final write)
 };
 
 // Orders floats as unsigned integers (larger float, larger key); NaN sorts above everything.
@@ -472,24 +576,59 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
 
 template <class P>
 inline constexpr int kMatvecRows = 2;  // rows per warp task
+template <>
+inline constexpr int kMatvecRows<quant::Fp8Block> = 1;  // measured 2026-11-30: 1 row, 3 blocks/SM beat 2 rows, 2 blocks/SM
+template <class P>
+inline constexpr int kMatvecMinBlocks = 2;  // resident blocks per SM the register budget must allow
+template <>
+inline constexpr int kMatvecMinBlocks<quant::Fp8Block> = 3;
+
+// Matrix of task t (t < a.task_begin[a.count]).
+__device__ __forceinline__ int task_matrix(MultiArgs const& a, std::int64_t t) {
+  int i = 0;
+  while (t >= a.task_begin[i + 1]) ++i;
+  return i;
+}
+
+// The warp prefetches into L2 the rows of task t (fast layouts; weights only), if it exists.
+template <class P, int NR>
+__device__ __forceinline__ void prefetch_task(MultiArgs const& a, std::int64_t t) {
+  if constexpr (has_fast_kernel<P>) {
+    if (t >= a.task_begin[a.count]) return;
+    int const i = task_matrix(a, t);
+    MatrixArgs const& m = a.m[i];
+    std::int64_t const rb = m.ld * std::int64_t(sizeof(typename P::storage_type));
+    std::int64_t const r0 = (t - a.task_begin[i]) * NR, nr = m.rows - r0 < NR ? m.rows - r0 : NR;
+    warp_prefetch(static_cast<char const*>(m.data) + r0 * rb, nr * rb);
+  }
+}
+// Tasks a warp keeps requested ahead of the one it computes: each task's loads then find its rows in L2 (or on the
+// way), so the warp's serial task chain costs an L2 round trip per task instead of a DRAM one.
+inline constexpr int kPrefetchAhead = 2;
 
 // (kThreads, 2): at most 128 registers, two resident blocks per SM; without the cap the FP8 kernels grew to 151-168
 // registers, one block per SM, and ran ~30% slower (measured 2026-11-30).
-template <class K, int NR>
-__global__ void __launch_bounds__(kThreads, 2) matvec_kernel(MultiArgs a, float const* __restrict__ x, float* y,
-                                                          float const* residual, ArgmaxArgs am) {
+template <class K, int NR, int kMinBlocks = 2>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro,
+                                                          ArgmaxArgs am) {
   using P = policy_of<K>;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
-  stage_x(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]));
+  pdl_trigger();
+  {
+    std::int64_t const stride = std::int64_t(gridDim.x) * kWarps, t0 = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+    for (int k = 0; k < kPrefetchAhead; ++k) prefetch_task<P, NR>(a, t0 + k * stride);
+  }
+  pdl_wait();
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const total = a.task_begin[a.count];
   unsigned long long best = 0;
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
-    int i = 0;
-    while (t >= a.task_begin[i + 1]) ++i;
+    prefetch_task<P, NR>(a, t + kPrefetchAhead * std::int64_t(gridDim.x) * kWarps);
+    int const i = task_matrix(a, t);
     MatrixArgs const& m = a.m[i];
     std::int64_t const r0 = (t - a.task_begin[i]) * NR;
     void const* data[NR];
@@ -506,15 +645,16 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_kernel(MultiArgs a, float 
     float acc[NR];
     zero(acc);
     RowDot<P>::template lane_dot<NR>(data, scales, r, valid, m, xs, acc);
+    float* const out = a.out[i];
+    float const* const res = a.residual[i];
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
       float v = warp_sum(acc[n]) * RowDot<P>::row_scale(m.scales, r[n]);
-      std::int64_t const out = a.row_begin[i] + r[n];
       if (valid[n]) {
-        if (residual) v += residual[out];
-        if (lane == 0) y[out] = v;
+        if (res) v += res[r[n]];
+        if (lane == 0) out[r[n]] = v;
         if (am.key) {
-          unsigned long long k = argmax_key(v, out);
+          unsigned long long k = argmax_key(v, a.row_begin[i] + r[n]);
           best = k > best ? k : best;
         }
       }
@@ -538,6 +678,7 @@ __global__ void __launch_bounds__(kThreads, 2) matvec_kernel(MultiArgs a, float 
       unsigned long long k = atomicExch(am.key, 0ull);
       *am.out = int(0xFFFFFFFFu - std::uint32_t(k & 0xFFFFFFFFu));
       *am.counter = 0u;
+      if (am.position) *am.position += 1;
     }
   }
 }
@@ -569,39 +710,57 @@ inline cudaError_t persistent_grid(Kernel k, std::size_t smem, std::int64_t work
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
 // has to spell quant::Plain<...> (see make_key).
-template <class K>
-cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, float* y, float const* residual, ArgmaxArgs am,
+// kNR (rows per warp task; 0: kMatvecRows) and kMinBlocks (resident blocks per SM the register budget allows) are
+// tuning knobs for the benchmarks; a.task_begin must count tasks of the NR rows used.
+template <int kNR = 0, int kMinBlocks = 0, class K>
+cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputPrologue const& pro, ArgmaxArgs am,
                                 cudaStream_t stream) {
   using P = policy_of<K>;
-  constexpr int NR = kMatvecRows<P>;
+  constexpr int NR = kNR > 0 ? kNR : kMatvecRows<P>;
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
-  auto kernel = matvec_kernel<K, NR>;
+  constexpr int MB = kMinBlocks > 0 ? kMinBlocks : kMatvecMinBlocks<P>;
+  auto kernel = matvec_kernel<K, NR, MB>;
   int blocks = 0;
   std::int64_t const total = a.task_begin[a.count];
   cudaError_t e = persistent_grid(kernel, smem, (total + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, x, y, residual, am);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro, am);
 }
 template <class P>
-cudaError_t launch_matvec_args(MultiArgs const& a, float const* x, float* y, float const* residual, ArgmaxArgs am,
+cudaError_t launch_matvec_args(MultiArgs const& a, float const* x, InputPrologue const& pro, ArgmaxArgs am,
                                cudaStream_t stream) {
-  return launch_matvec_keyed(make_key<P>(), a, x, y, residual, am, stream);
+  return launch_matvec_keyed(make_key<P>(), a, x, pro, am, stream);
+}
+
+// Tasks and row offsets of a MultiArgs whose m[0..count) are set; outputs concatenated into y (with residual, if
+// any, at the same offsets).
+template <class P, int NR = kMatvecRows<P>>
+bool finish_multi_args(MultiArgs& a, float* y, float const* residual) {
+  bool ok = a.count > 0 && a.count <= kMaxMultiMatrices;
+  if (!ok) return false;
+  a.task_begin[0] = 0;
+  a.row_begin[0] = 0;
+  for (int i = 0; i < a.count; ++i) {
+    ok = ok && a.m[i].rows > 0 && a.m[i].cols == a.m[0].cols;
+    a.task_begin[i + 1] = a.task_begin[i] + (a.m[i].rows + NR - 1) / NR;
+    a.row_begin[i + 1] = a.row_begin[i] + a.m[i].rows;
+    if (y) a.out[i] = y + a.row_begin[i];
+    a.residual[i] = residual ? residual + a.row_begin[i] : nullptr;
+  }
+  return ok;
 }
 
 template <class P>
-MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, bool& ok) {
-  constexpr int NR = kMatvecRows<P>;
+MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, float* y, float const* residual, bool& ok) {
   MultiArgs a{};
   a.count = count;
   ok = count > 0 && count <= kMaxMultiMatrices;
   if (!ok) return a;
   for (int i = 0; i < count; ++i) {
+    ok = ok && !ws[i]->empty();
     a.m[i] = ws[i]->args();
-    ok = ok && !ws[i]->empty() && ws[i]->cols() == ws[0]->cols();
-    a.task_begin[i + 1] = a.task_begin[i] + (ws[i]->rows() + NR - 1) / NR;
-    a.row_begin[i + 1] = a.row_begin[i] + ws[i]->rows();
   }
+  ok = ok && finish_multi_args<P>(a, y, residual);
   return a;
 }
 
@@ -614,18 +773,18 @@ cudaError_t launch_matvec(DeviceMatrix<P> const& w, float const* x, float* y, cu
                           MatvecEpilogue epilogue) {
   DeviceMatrix<P> const* one[1] = {&w};
   bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P>(one, 1, ok);
+  kernels::MultiArgs a = kernels::multi_args<P>(one, 1, y, epilogue.residual, ok);
   if (!ok) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_args<P>(a, x, y, epilogue.residual, {}, stream);
+  return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }
 
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                 cudaStream_t stream) {
   bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), ok);
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
   if (!ok) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_args<P>(a, x, y, nullptr, {}, stream);
+  return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }
 
 }  // namespace ling::cuda

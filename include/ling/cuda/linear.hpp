@@ -252,6 +252,18 @@ struct MatvecEpilogue {
 
 inline constexpr int kMaxMultiMatrices = 8;
 
+// A prologue fused into the staging of a kernel's input vector (spec §2 norms), so that no separate launch writes the
+// normalized vector: plain; RMSNorm with a weight (x · rsqrt(mean x² + eps) · w); or KDA's per-head gated RMSNorm
+// (RMSNorm over each `head` elements with weight w[head], times sigmoid(gate) element-wise).
+enum class PrologueKind : int { kPlain = 0, kRmsNorm, kGatedHeadNorm };
+struct InputPrologue {
+  PrologueKind kind = PrologueKind::kPlain;
+  float const* norm_w = nullptr;  // kRmsNorm: [cols]; kGatedHeadNorm: [head]
+  float const* gate = nullptr;    // kGatedHeadNorm: [cols]
+  int head = 0;                   // kGatedHeadNorm: elements per head (divides cols)
+  float eps = 1e-6f;
+};
+
 // y[rows] = W x, x fp32 [cols], fp32 accumulation. Returns cudaErrorInvalidValue for an empty matrix; graph-safe
 // (no allocation, no host synchronisation).
 template <quant::weight_policy P>

@@ -68,11 +68,11 @@ cudaError_t launch_lm_head(DeviceMatrix<P> const& w, float const* x, float* logi
                            ArgmaxWorkspace const* ws, cudaStream_t stream) {
   DeviceMatrix<P> const* one[1] = {&w};
   bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P>(one, 1, ok);
+  kernels::MultiArgs a = kernels::multi_args<P>(one, 1, logits, nullptr, ok);
   if (!ok || !logits || (argmax && !ws)) return cudaErrorInvalidValue;
   kernels::ArgmaxArgs am{};
   if (argmax) am = kernels::ArgmaxArgs{ws->key(), ws->counter(), argmax};
-  return kernels::launch_matvec_args<P>(a, x, logits, nullptr, am, stream);
+  return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, am, stream);
 }
 
 }  // namespace ling::cuda

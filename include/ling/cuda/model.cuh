@@ -110,7 +110,7 @@ class CudaModel {
   // Logits of the last step's final hidden state through the other head (outside the graph): FP8 vs BF16 checks.
   void other_head_logits(float* host) {
     ModelMatrix const& h = opt_.lm_head_fp8 ? head_src_ : head_fp8_;
-    ops::ArgmaxArgs aa{head_best_, head_idx_, scratch_token_, head_counter_, nullptr};
+    ops::ArgmaxArgs aa{head_key_, head_counter_, scratch_token_, nullptr};
     ops::head(stream_, x_, norm_pa(final_norm_), h, logits_alt_, aa);
     check(cudaMemcpyAsync(host, logits_alt_, std::size_t(c_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
     synchronize();
@@ -217,7 +217,8 @@ class CudaModel {
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
                         c.mla_use_rope, c.rope_theta, float(c.rms_norm_eps)};
     mla_can_implement(mla_dims_).throw_if_error();
-    require(c.num_experts_per_tok <= ops::kMaxTopK, ErrorCode::kUnsupported, "num_experts_per_tok > 16");
+    require(c.num_experts_per_tok <= ops::kMaxTopK, ErrorCode::kUnsupported,
+            c.source + ": num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " > " + std::to_string(ops::kMaxTopK));
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
     check(cudaMallocHost(&host_token_, 4), "pinned token");
     int dev = 0;
@@ -464,8 +465,6 @@ class CudaModel {
     act_ = scratch<float>(act_max);
     logits_ = scratch<float>(V);
     logits_alt_ = scratch<float>(V);
-    head_best_ = scratch<float>(ops::head_blocks(V));
-    head_idx_ = scratch<int>(ops::head_blocks(V));
     // caches and counters: one contiguous region, zeroed by reset()
     std::size_t cache_start = (arena_.used + 255) / 256 * 256;
     cache_base_ = arena_.take(0);
@@ -476,6 +475,7 @@ class CudaModel {
         l.k.ring = scratch<float>(kc * 3 * P);
       }
     }
+    head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     head_counter_ = scratch<unsigned>(1);
     token_dev_ = scratch<std::int32_t>(1);
@@ -558,6 +558,7 @@ class CudaModel {
         a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
         a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
         a.top_k = int(c.num_experts_per_tok);
+        a.experts = int(c.num_experts);
         a.inter = int(c.moe_intermediate_size);
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
         a.limit = f.limit;
@@ -566,7 +567,7 @@ class CudaModel {
       }
       ops::moe(st, x_, norm_pa(l.post_norm), a, f.routed, f.sg.format, x_, x_);
     }
-    ops::ArgmaxArgs aa{head_best_, head_idx_, token_dev_, head_counter_, pos_dev_};
+    ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
   }
 
@@ -626,8 +627,9 @@ class CudaModel {
   float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
   float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
   float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
-  float *logits_alt_ = nullptr, *head_best_ = nullptr;
-  int *sel_idx_ = nullptr, *head_idx_ = nullptr;
+  float* logits_alt_ = nullptr;
+  int* sel_idx_ = nullptr;
+  unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;

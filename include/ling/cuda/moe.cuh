@@ -50,8 +50,40 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
   }
 }
 
-template <class KE, class KS>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a, float const* __restrict__ u, float* h) {
+// Before the PDL wait only the shared expert's rows are known (the routed ids come from the router): each warp
+// prefetches the shared gate/up rows of its tasks (task t >= routed is shared row t - routed, `rpt` rows per task).
+template <class PS>
+__device__ __forceinline__ void prefetch_shared_gate_up(MoeArgs const& a, std::int64_t routed, int rpt) {
+  if constexpr (has_fast_kernel<PS>) {
+    if (!a.has_shared) return;
+    std::int64_t const total = routed + (a.sgate.rows + rpt - 1) / rpt;
+    std::int64_t const rb = a.sgate.ld * std::int64_t(sizeof(typename PS::storage_type));
+    for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); t < total; t += std::int64_t(gridDim.x) * kWarps) {
+      if (t < routed) continue;
+      std::int64_t const r = (t - routed) * rpt;
+      std::int64_t const n = a.sgate.rows - r < rpt ? a.sgate.rows - r : rpt;
+      warp_prefetch(static_cast<char const*>(a.sgate.data) + r * rb, n * rb);
+      warp_prefetch(static_cast<char const*>(a.sup.data) + r * rb, n * rb);
+    }
+  }
+}
+// The shared expert's down rows [r, r + n) of this warp's tasks.
+template <class PS>
+__device__ __forceinline__ void prefetch_shared_down(MoeArgs const& a, int rpt) {
+  if constexpr (has_fast_kernel<PS>) {
+    if (!a.has_shared) return;
+    std::int64_t const rb = a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type));
+    std::int64_t const rows = a.sdown.rows;
+    for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5); t * rpt < rows; t += std::int64_t(gridDim.x) * kWarps) {
+      std::int64_t const n = rows - t * rpt < rpt ? rows - t * rpt : rpt;
+      warp_prefetch(static_cast<char const*>(a.sdown.data) + t * rpt * rb, n * rb);
+    }
+  }
+}
+
+template <class KE, class KS, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro,
+                                                               float* h) {
   using PE = policy_of<KE>;
   using PS = policy_of<KS>;
   extern __shared__ float4 smem_f4[];
@@ -59,13 +91,26 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_kernel(MoeArgs a, float 
   __shared__ int s_idx[kMoeMaxTopK];
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  stage_x(xs, u, a.gate.cols, n_stage);
+  pdl_trigger();
+  prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * a.gate.rows, 1);
+  pdl_wait();
+  stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
   __syncthreads();
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const inter = a.gate.rows, routed = std::int64_t(a.top_k) * inter;
   std::int64_t const total = routed + (a.has_shared ? a.sgate.rows : 0);
+  if constexpr (has_fast_kernel<PE>) {  // all of this warp's routed rows (≈ 20 MB in all for Ling: fits L2)
+    std::int64_t const rb = a.gate.ld * std::int64_t(sizeof(typename PE::storage_type));
+    for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < routed; t += std::int64_t(gridDim.x) * kWarps) {
+      int const s = int(t / inter);
+      int const e = s_idx[s] < 0 ? 0 : s_idx[s];
+      std::int64_t const r = t - std::int64_t(s) * inter;
+      warp_prefetch(static_cast<char const*>(batch_data<PE>(a.gate, e)) + r * rb, rb);
+      warp_prefetch(static_cast<char const*>(batch_data<PE>(a.up, e)) + r * rb, rb);
+    }
+  }
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
     float acc[2] = {0.f, 0.f};
     float g, v, limit;
@@ -163,8 +208,8 @@ __device__ __forceinline__ float down_routed_generic(MoeArgs const& a, int const
   return acc * RowDot<P>::row_scale(nullptr, 0);
 }
 
-template <class KE, class KS>
-__global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a, float const* __restrict__ h,
+template <class KE, class KS, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs a, float const* __restrict__ h,
                                                             float const* residual, float* out) {
   using PE = policy_of<KE>;
   using PS = policy_of<KS>;
@@ -177,8 +222,11 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a, float con
   // routed slots: h[s*inter + c] at segment s (each padded to seg); the shared expert's h at segment top_k
   int const top_k = a.top_k;
   std::int64_t const shared_n = a.has_shared ? a.sdown.cols : 0;
+  pdl_trigger();
+  prefetch_shared_down<PS>(a, 1);
+  pdl_wait();
   stage(xs, std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0), [=](int c) {
-    int const s = c / seg < top_k ? c / seg : top_k, j = c - s * seg;
+    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;  // seg = 0: no routed slots
     if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
     return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
   });
@@ -187,6 +235,12 @@ __global__ void __launch_bounds__(kThreads) moe_down_kernel(MoeArgs a, float con
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const rows = a.down.rows;
+  if constexpr (has_fast_kernel<PE>) {  // all of this warp's routed down rows
+    std::int64_t const rb = a.down.ld * std::int64_t(sizeof(typename PE::storage_type));
+    for (std::int64_t r = std::int64_t(blockIdx.x) * kWarps + warp; r < rows; r += std::int64_t(gridDim.x) * kWarps)
+      for (int s = 0; s < top_k; ++s)
+        warp_prefetch(static_cast<char const*>(batch_data<PE>(a.down, s_idx[s] < 0 ? 0 : s_idx[s])) + r * rb, rb);
+  }
   for (std::int64_t r = std::int64_t(blockIdx.x) * kWarps + warp; r < rows; r += std::int64_t(gridDim.x) * kWarps) {
     float acc;
     if constexpr (RowDot<PE>::kFast) acc = down_routed_fast<PE>(a, s_idx, s_w, r, xs, seg);
@@ -387,7 +441,8 @@ __device__ __forceinline__ QuadRows quad_rows(MatrixArgs const& m, int e, std::i
 }
 
 template <class KS>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_quad_kernel(MoeArgs a, float const* __restrict__ u, float* h) {
+__global__ void __launch_bounds__(kThreads) moe_gate_up_quad_kernel(MoeArgs a, float const* __restrict__ u,
+                                                                    InputPrologue pro, float* h) {
   using PS = policy_of<KS>;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
@@ -398,7 +453,10 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_quad_kernel(MoeArgs a, f
   int const stride = quad_limb_stride(hidden);
   auto* limbs = reinterpret_cast<std::int8_t*>(xs + xs_floats(n_stage));
   auto* sx = reinterpret_cast<float*>(limbs + 2 * kLimbs * stride);
-  stage_x(xs, u, hidden, n_stage);
+  pdl_trigger();
+  prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * ((a.gate.rows + 15) / 16), 1);
+  pdl_wait();
+  stage_input(xs, u, hidden, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
   __syncthreads();
   make_limbs(xs, hidden, limbs, stride, sx);
@@ -454,8 +512,11 @@ __global__ void __launch_bounds__(kThreads) moe_down_quad_kernel(MoeArgs a, floa
   int const stride = quad_limb_stride(top_k * seg);
   auto* limbs = reinterpret_cast<std::int8_t*>(xs + xs_floats(n_stage));
   auto* sx = reinterpret_cast<float*>(limbs + 2 * kLimbs * stride);
+  pdl_trigger();
+  prefetch_shared_down<PS>(a, 16);
+  pdl_wait();
   stage(xs, n_stage, [=](int c) {
-    int const s = c / seg < top_k ? c / seg : top_k, j = c - s * seg;
+    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;  // seg = 0: no routed slots
     if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
     return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
   });
@@ -516,7 +577,8 @@ inline std::size_t quad_smem(std::int64_t n_stage, int n_limb) {
 }
 
 template <class KS>
-cudaError_t launch_moe_quad_gate_up(KS, MoeArgs const& a, float const* u, float* h, cudaStream_t stream) {
+cudaError_t launch_moe_quad_gate_up(KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
+                                    cudaStream_t stream) {
   using PS = policy_of<KS>;
   std::int64_t n_stage = a.gate.cols;
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
@@ -526,8 +588,7 @@ cudaError_t launch_moe_quad_gate_up(KS, MoeArgs const& a, float const* u, float*
   int blocks = 0;
   cudaError_t e = persistent_grid(kernel, smem, (tasks + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, u, h);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
 }
 
 template <class KS>
@@ -541,27 +602,29 @@ cudaError_t launch_moe_quad_down(KS, MoeArgs const& a, float const* h, float con
   int blocks = 0;
   cudaError_t e = persistent_grid(kernel, smem, ((a.down.rows + 15) / 16 + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, h, residual, out);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
-template <class KE, class KS>
-cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, float* h, cudaStream_t stream) {
+// kMinBlocks: resident blocks per SM the register budget must allow; 3 measured best for both launches at Ling's
+// shapes (2026-11-30: 36 µs per step vs 38 with 2 and 43-46 with 4).
+inline constexpr int kMoeMinBlocks = 3;
+template <int kMinBlocks = kMoeMinBlocks, class KE, class KS>
+cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
+                                     cudaStream_t stream) {
   using PE = policy_of<KE>;
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
   std::size_t const smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
-  auto kernel = moe_gate_up_kernel<KE, KS>;
+  auto kernel = moe_gate_up_kernel<KE, KS, kMinBlocks>;
   std::int64_t const tasks = std::int64_t(a.top_k) * a.gate.rows + (a.has_shared ? a.sgate.rows : 0);
   int blocks = 0;
   cudaError_t e = persistent_grid(kernel, smem, (tasks + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, u, h);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
 }
 
-template <class KE, class KS>
+template <int kMinBlocks = kMoeMinBlocks, class KE, class KS>
 cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, float const* residual, float* out,
                                   cudaStream_t stream) {
   using PE = policy_of<KE>;
@@ -569,12 +632,11 @@ cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, floa
   std::int64_t const seg = round32(staged_elems<PE>(a.down));
   std::int64_t n = seg * a.top_k + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
   std::size_t const smem = std::size_t(xs_floats(n)) * sizeof(float);
-  auto kernel = moe_down_kernel<KE, KS>;
+  auto kernel = moe_down_kernel<KE, KS, kMinBlocks>;
   int blocks = 0;
   cudaError_t e = persistent_grid(kernel, smem, (a.down.rows + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, h, residual, out);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
 }  // namespace ling::cuda::kernels
@@ -587,9 +649,9 @@ cudaError_t launch_moe_gate_up(MoeWeights<PE, PS> const& w, MoeStep const& step,
   using namespace kernels;
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
   if constexpr (std::is_same_v<PE, Mxfp4Quad>)
-    return launch_moe_quad_gate_up(make_key<PS>(), moe_args(w, step), u, h, stream);
+    return launch_moe_quad_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
   else
-    return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, h, stream);
+    return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
 }
 
 template <quant::weight_policy PE, quant::weight_policy PS>

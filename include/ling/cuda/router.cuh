@@ -54,6 +54,7 @@ __device__ inline void router_select(RouterArgs const& a) {
         b1 = n1;
         b2 = n2;
       }
+      __syncwarp();
       if (lane == 0) s_group[g] = gsize >= 2 ? b1 + b2 : b1;
     }
     __syncthreads();
@@ -71,22 +72,29 @@ __device__ inline void router_select(RouterArgs const& a) {
       if (!s_keep[e / gsize]) s_sel[e] = ninf;
     __syncthreads();
   }
-  // top-k by one warp (no block barriers): k rounds of a warp arg-max over 64-bit keys
+  // top-k by one warp (no block barriers): the keys live in registers (lane l holds experts l, l+32, ...), each of
+  // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key.
   if (warp != 0) return;
+  constexpr int kPer = kRouterMaxExperts / 32;
+  int const per = (E + 31) / 32;
+  unsigned long long key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    int const e = i * 32 + lane;
+    key[i] = (i < per && e < E) ? argmax_key(s_sel[e], e) : 0ull;
+  }
   for (int k = 0; k < a.top_k; ++k) {
     unsigned long long best = 0;
-    for (int e = lane; e < E; e += 32) {
-      unsigned long long key = argmax_key(s_sel[e], e);
-      best = key > best ? key : best;
-    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i < per) best = key[i] > best ? key[i] : best;
     best = warp_max_u64(best);
-    int const e = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
-    if (lane == 0) {
-      s_chosen[k] = e;
-      s_sel[e] = __uint_as_float(0xFFFFFFFFu);  // -NaN: orders below -inf, never chosen again
-    }
-    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
+    if (lane == 0) s_chosen[k] = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
   }
+  __syncwarp();
   if (lane == 0) {
     float sum = 0.f;
     for (int k = 0; k < a.top_k; ++k) sum += s_score[s_chosen[k]];
@@ -101,15 +109,22 @@ __device__ inline void router_select(RouterArgs const& a) {
 }
 
 template <class K>
-__global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float const* __restrict__ u) {
+__global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float const* __restrict__ u, InputPrologue pro) {
   using P = policy_of<K>;
   constexpr int NR = 2;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
-  stage_x(xs, u, a.w.cols, staged_elems<P>(a.w));
-  __syncthreads();
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const tasks = (a.w.rows + NR - 1) / NR;
+  pdl_trigger();
+  if constexpr (has_fast_kernel<P>) {  // the whole router matrix (2.6 MB in Ling-3.0-flash) is known before the wait
+    std::int64_t const rb = a.w.ld * std::int64_t(sizeof(typename P::storage_type));
+    for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps)
+      warp_prefetch(static_cast<char const*>(a.w.data) + t * NR * rb, (a.w.rows - t * NR < NR ? a.w.rows - t * NR : NR) * rb);
+  }
+  pdl_wait();
+  stage_input(xs, u, a.w.cols, staged_elems<P>(a.w), pro);
+  __syncthreads();
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps) {
     void const* data[NR] = {a.w.data, a.w.data};
     void const* scales[NR] = {a.w.scales, a.w.scales};
@@ -139,15 +154,14 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
 }
 
 template <class K>
-cudaError_t launch_router_keyed(K, RouterArgs const& a, float const* u, cudaStream_t stream) {
+cudaError_t launch_router_keyed(K, RouterArgs const& a, float const* u, InputPrologue const& pro, cudaStream_t stream) {
   using P = policy_of<K>;
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.w))) * sizeof(float);
   auto kernel = router_kernel<K>;
   int blocks = 0;
   cudaError_t e = persistent_grid(kernel, smem, (a.w.rows / 2 + kWarps) / kWarps, blocks);
   if (e != cudaSuccess) return e;
-  kernel<<<blocks, kThreads, smem, stream>>>(a, u);
-  return cudaGetLastError();
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro);
 }
 
 }  // namespace ling::cuda::kernels
@@ -161,7 +175,7 @@ cudaError_t launch_router(DeviceMatrix<P> const& w, float const* expert_bias, fl
   if (w.empty() || !can_implement_router(w.rows(), p).is_ok() || ws.experts() < w.rows()) return cudaErrorInvalidValue;
   RouterArgs a{w.args(), expert_bias, ws.logits(), ws.counter(), idx, weights, p.top_k, p.n_group, p.topk_group,
                p.routed_scaling, p.norm_topk_prob ? 1 : 0};
-  return launch_router_keyed(make_key<P>(), a, u, stream);
+  return launch_router_keyed(make_key<P>(), a, u, InputPrologue{}, stream);
 }
 
 }  // namespace ling::cuda
