@@ -101,16 +101,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const inter = a.gate.rows, routed = std::int64_t(a.top_k) * inter;
   std::int64_t const total = routed + (a.has_shared ? a.sgate.rows : 0);
-  if constexpr (has_fast_kernel<PE>) {  // all of this warp's routed rows (≈ 20 MB in all for Ling: fits L2)
-    std::int64_t const rb = a.gate.ld * std::int64_t(sizeof(typename PE::storage_type));
-    for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < routed; t += std::int64_t(gridDim.x) * kWarps) {
-      int const s = int(t / inter);
-      int const e = s_idx[s] < 0 ? 0 : s_idx[s];
-      std::int64_t const r = t - std::int64_t(s) * inter;
-      warp_prefetch(static_cast<char const*>(batch_data<PE>(a.gate, e)) + r * rb, rb);
-      warp_prefetch(static_cast<char const*>(batch_data<PE>(a.up, e)) + r * rb, rb);
-    }
-  }
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
     float acc[2] = {0.f, 0.f};
     float g, v, limit;
@@ -235,12 +225,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const rows = a.down.rows;
-  if constexpr (has_fast_kernel<PE>) {  // all of this warp's routed down rows
-    std::int64_t const rb = a.down.ld * std::int64_t(sizeof(typename PE::storage_type));
-    for (std::int64_t r = std::int64_t(blockIdx.x) * kWarps + warp; r < rows; r += std::int64_t(gridDim.x) * kWarps)
-      for (int s = 0; s < top_k; ++s)
-        warp_prefetch(static_cast<char const*>(batch_data<PE>(a.down, s_idx[s] < 0 ? 0 : s_idx[s])) + r * rb, rb);
-  }
   for (std::int64_t r = std::int64_t(blockIdx.x) * kWarps + warp; r < rows; r += std::int64_t(gridDim.x) * kWarps) {
     float acc;
     if constexpr (RowDot<PE>::kFast) acc = down_routed_fast<PE>(a, s_idx, s_w, r, xs, seg);

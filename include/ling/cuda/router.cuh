@@ -21,6 +21,7 @@ struct RouterArgs {
   int norm_topk_prob;
 };
 
+template <int kPer>  // experts per lane of the top-k warp: E <= 32 * kPer
 __device__ inline void router_select(RouterArgs const& a) {
   __shared__ float s_score[kRouterMaxExperts];
   __shared__ float s_sel[kRouterMaxExperts];
@@ -75,7 +76,6 @@ __device__ inline void router_select(RouterArgs const& a) {
   // top-k by one warp (no block barriers): the keys live in registers (lane l holds experts l, l+32, ...), each of
   // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key.
   if (warp != 0) return;
-  constexpr int kPer = kRouterMaxExperts / 32;
   int const per = (E + 31) / 32;
   unsigned long long key[kPer];
 #pragma unroll
@@ -111,7 +111,7 @@ __device__ inline void router_select(RouterArgs const& a) {
 template <class K>
 __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float const* __restrict__ u, InputPrologue pro) {
   using P = policy_of<K>;
-  constexpr int NR = 2;
+  constexpr int NR = 1;  // one row per warp task: twice the blocks of NR = 2, so the logits take one memory round trip
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   stage_input(xs, u, a.w.cols, staged_elems<P>(a.w), pro);
   __syncthreads();
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps) {
-    void const* data[NR] = {a.w.data, a.w.data};
-    void const* scales[NR] = {a.w.scales, a.w.scales};
+    void const* data[NR] = {a.w.data};
+    void const* scales[NR] = {a.w.scales};
     std::int64_t r[NR];
     bool valid[NR];
 #pragma unroll
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
       valid[n] = t * NR + n < a.w.rows;
       r[n] = valid[n] ? t * NR + n : t * NR;
     }
-    float acc[NR] = {0.f, 0.f};
+    float acc[NR] = {0.f};
     RowDot<P>::template lane_dot<NR>(data, scales, r, valid, a.w, xs, acc);
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
@@ -150,7 +150,8 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  router_select(a);
+  if (a.w.rows <= 512) router_select<16>(a);  // Ling: 512 experts, 16 keys per lane
+  else router_select<kRouterMaxExperts / 32>(a);
 }
 
 template <class K>
@@ -159,7 +160,7 @@ cudaError_t launch_router_keyed(K, RouterArgs const& a, float const* u, InputPro
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.w))) * sizeof(float);
   auto kernel = router_kernel<K>;
   int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, (a.w.rows / 2 + kWarps) / kWarps, blocks);
+  cudaError_t e = persistent_grid(kernel, smem, (a.w.rows + kWarps - 1) / kWarps, blocks);
   if (e != cudaSuccess) return e;
   return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro);
 }
