@@ -362,6 +362,9 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
+  reg("moe_step_8of512_mxfp4quad_f16mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, false); });
+  reg("moe_gate_up_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, true, false); });
+  reg("moe_down_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, true); });
   reg("moe_step_mxfp4_min2_min2", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 2>(s, 4, 40); });
   reg("moe_step_mxfp4_min2_min4", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 4>(s, 4, 40); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });

@@ -32,6 +32,7 @@ template cudaError_t launch_router<quant::F32>(DeviceMatrix<quant::F32> const&, 
                                                float*, cudaStream_t);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4Quad, quant::Fp8Block)
+LING_TEST_MOE(Mxfp4QuadMma, quant::Fp8Block)
 LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)
 LING_TEST_MOE(quant::Bf16, quant::Bf16)
 LING_TEST_MOE(test::Int8Row, quant::Bf16)

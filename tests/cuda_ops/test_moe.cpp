@@ -134,6 +134,14 @@ TEST_CASE("moe: tensor-core path (Mxfp4Quad: int8 MMA) against the same referenc
   check_moe<cuda::Mxfp4Quad, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);  // Ling's shapes
 }
 
+TEST_CASE("moe: f16 tensor-core path (Mxfp4QuadMma) against the same reference") {
+  LING_REQUIRE_GPU();
+  check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(256, 128, 72, 16, 4, 4.0f, 5.0f);
+  check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(384, 256, 0, 8, 3, 0.f, 0.f);
+  check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(640, 128, 40, 20, 11, 4.0f, 5.0f);  // top_k > 8 warps, K = 5 groups
+  check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);  // Ling's shapes
+}
+
 TEST_CASE("moe: FP8-block and BF16 experts with odd shapes") {
   LING_REQUIRE_GPU();
   check_moe<quant::Fp8Block, quant::Fp8Block>(203, 72, 40, 10, 3, 4.0f, 5.0f);

@@ -305,6 +305,7 @@ struct MoeArgs {
   int top_k = 0, inter = 0;                                   // routed I
   int const* sel_idx = nullptr; float const* sel_w = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
+  bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
   void const* sg_w = nullptr; void const* sg_s = nullptr;
   void const* su_w = nullptr; void const* su_s = nullptr;
@@ -352,6 +353,18 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   k.top_k = a.top_k;
   k.routed_limit = a.limit;
   k.shared_limit = a.shared_limit;
+  if (a.routed_mma) {
+    require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,
+            "moe: the tensor-core path needs MXFP4 experts with hidden and moe_intermediate_size multiples of 128");
+    auto mma = [&](auto ps) {
+      auto const ks = kernels::make_key<decltype(ps)>();
+      check(kernels::launch_moe_mma_gate_up(ks, k, x, pa, a.act, st), "moe gate/up (tensor cores)");
+      check(kernels::launch_moe_mma_down(ks, k, a.act, residual, out, st), "moe down (tensor cores)");
+    };
+    if (shared == MatFormat::kBf16) shared_fast ? mma(quant::Bf16{}) : mma(kernels::Unaligned<quant::Bf16>{});
+    else shared_fast ? mma(quant::Fp8Block{}) : mma(kernels::Unaligned<quant::Fp8Block>{});
+    return;
+  }
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "ling/cuda/linear.cuh"
+#include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
 
 namespace ling::cuda::kernels {
@@ -589,6 +590,281 @@ cudaError_t launch_moe_quad_down(KS, MoeArgs const& a, float const* h, float con
   return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
+// ---- f16 tensor-core path for Mxfp4QuadMma experts (mma.sync.m16n8k16, layouts in cuda/mma_layout.hpp) --------
+__device__ __forceinline__ void mma_f16(float (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two f16 limbs (hi, lo) of staged xs positions [0, n) (n a multiple of 32) in mma16::staged_half order, and the
+// power-of-two scale of each 32-element block; one warp per block.
+__device__ __forceinline__ void make_f16_limbs(float const* xs, int n, std::uint16_t* hi, std::uint16_t* lo, float* sx) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
+  for (int b = warp; b < n / 32; b += nwarps) {
+    float const v = xs[xpad(b * 32 + lane)];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int const e = mma16::limb_exponent(__float_as_uint(amax));
+    float const s = v * __uint_as_float(std::uint32_t(127 - e) << 23);  // v / 2^e (-e in [-113, 126]: normal)
+    __half const hh = __float2half_rn(s);
+    __half const ll = __float2half_rn(s - __half2float(hh));
+    int const pos = mma16::staged_half(b, lane);
+    hi[pos] = __half_as_ushort(hh);
+    lo[pos] = __half_as_ushort(ll);
+    if (lane == 0) sx[b] = __uint_as_float(std::uint32_t(127 + e) << 23);
+  }
+}
+
+inline constexpr int kMmaGroups = 3;  // 64-byte groups (4 blocks) per warp per batch of loads
+inline constexpr float kMmaPost = mma16::kCodeScale * kPostPlain;
+
+// acc[m][0|1] += rows g | g+8 of the tile matrices m · x over the groups q = q_first, q_first + q_step, ... < ngroups,
+// B limbs from block lb0 + 4q + i, each block's product scaled by its UE8M0 scale * sx * wscale. Lanes t = 0 hold the
+// tile's partials (rows g and g + 8); the other lanes' are 0.
+template <int NM>
+__device__ __forceinline__ void mma_tile_dot(QuadRows const (&m)[NM], int q_first, int q_step, int ngroups,
+                                             std::uint16_t const* hi, std::uint16_t const* lo, float const* sx, int lb0,
+                                             float wscale, float (&acc)[NM][2]) {
+  int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  std::uint16_t const* limb = g == 0 ? hi : lo;
+  for (int q0 = q_first; q0 < ngroups; q0 += q_step * kMmaGroups) {
+    uint4 wv[kMmaGroups][NM][2];
+    std::uint32_t sc[kMmaGroups][NM][2];
+#pragma unroll
+    for (int u = 0; u < kMmaGroups; ++u) {
+      int const q = q0 + u * q_step;
+#pragma unroll
+      for (int mm = 0; mm < NM; ++mm) {
+        bool const og = q < ngroups && m[mm].ok_g, og8 = q < ngroups && m[mm].ok_g8;
+        wv[u][mm][0] = og ? ld_stream(m[mm].row_g + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
+        wv[u][mm][1] = og8 ? ld_stream(m[mm].row_g8 + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
+        sc[u][mm][0] = og ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g + q * 4)) : 0u;
+        sc[u][mm][1] = og8 ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g8 + q * 4)) : 0u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kMmaGroups; ++u) {
+      int const q = q0 + u * q_step;
+      if (q >= ngroups) break;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        int const lb = lb0 + q * 4 + i;
+        uint2 b[2] = {make_uint2(0, 0), make_uint2(0, 0)};
+        if (g < 2) {
+          b[0] = *reinterpret_cast<uint2 const*>(limb + mma16::staged_quad(lb, 0, t));
+          b[1] = *reinterpret_cast<uint2 const*>(limb + mma16::staged_quad(lb, 1, t));
+        }
+        float const sxb = sx[lb] * wscale;
+#pragma unroll
+        for (int mm = 0; mm < NM; ++mm) {
+          std::uint32_t const wg = word(wv[u][mm][0], i), wg8 = word(wv[u][mm][1], i);
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            std::uint32_t const af[4] = {mma16::e2m1_pair(wg, 2 * hh), mma16::e2m1_pair(wg8, 2 * hh),
+                                         mma16::e2m1_pair(wg, 2 * hh + 1), mma16::e2m1_pair(wg8, 2 * hh + 1)};
+            mma_f16(d, af, b[hh].x, b[hh].y);
+          }
+          float const s_g = ue8m0_float(std::uint8_t(sc[u][mm][0] >> (8 * i))) * sxb;
+          float const s_g8 = ue8m0_float(std::uint8_t(sc[u][mm][1] >> (8 * i))) * sxb;
+          acc[mm][0] = fmaf(d[0] + d[1], s_g, acc[mm][0]);
+          acc[mm][1] = fmaf(d[2] + d[3], s_g8, acc[mm][1]);
+        }
+      }
+    }
+  }
+}
+
+inline std::size_t mma_smem(std::int64_t n_stage, int n_limb) {
+  return std::size_t(xs_floats(n_stage)) * sizeof(float) + std::size_t(n_limb) * 4 + std::size_t(n_limb / 32) * 4 + 16;
+}
+
+// Launch A. Block tasks: the top_k × (inter / 16) routed tiles (the 8 warps split the tile's K: warp w takes groups
+// w, w + 8, ...; one shared-memory reduction per tile), then the shared expert's rows, one per warp (CUDA cores).
+template <class KS>
+__global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, float const* __restrict__ u,
+                                                                   InputPrologue pro, float* h) {
+  using PS = policy_of<KS>;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  __shared__ int s_idx[kMoeMaxTopK];
+  __shared__ float s_red[kWarps][4][8];
+  int const hidden = int(a.gate.cols);
+  std::int64_t n_stage = hidden;
+  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
+  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(n_stage));
+  auto* lo = hi + hidden;
+  auto* sx = reinterpret_cast<float*>(lo + hidden);
+  pdl_trigger();
+  pdl_wait();
+  stage_input(xs, u, hidden, n_stage, pro);
+  stage_idx(s_idx, nullptr, a);
+  __syncthreads();
+  make_f16_limbs(xs, hidden, hi, lo, sx);
+  __syncthreads();
+
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  std::int64_t const inter = a.gate.rows, tiles = (inter + 15) / 16, routed = std::int64_t(a.top_k) * tiles;
+  std::int64_t const shared_tasks = a.has_shared ? (a.sgate.rows + kWarps - 1) / kWarps : 0;
+  int const ngroups = hidden / 128;
+  for (std::int64_t task = blockIdx.x; task < routed + shared_tasks; task += gridDim.x) {
+    if (task < routed) {  // block-uniform branch: the barriers below are reached by every thread
+      int const s = int(task / tiles);
+      std::int64_t const r0 = (task - std::int64_t(s) * tiles) * 16;
+      int const e = s_idx[s];
+      QuadRows const m[2] = {quad_rows(a.gate, e < 0 ? 0 : e, r0), quad_rows(a.up, e < 0 ? 0 : e, r0)};
+      float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+      mma_tile_dot<2>(m, warp, kWarps, ngroups, hi, lo, sx, 0, 1.f, acc);
+      if (t == 0) {
+        s_red[warp][0][g] = acc[0][0];
+        s_red[warp][1][g] = acc[0][1];
+        s_red[warp][2][g] = acc[1][0];
+        s_red[warp][3][g] = acc[1][1];
+      }
+      __syncthreads();
+      if (threadIdx.x < 16) {
+        int const rr = int(threadIdx.x), half = rr >> 3, gg = rr & 7;
+        float gs = 0.f, us = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          gs += s_red[w][half][gg];
+          us += s_red[w][2 + half][gg];
+        }
+        std::int64_t const row = r0 + rr;
+        if (row < inter)
+          h[s * inter + row] = swiglu(gs * kMmaPost, us * kMmaPost, a.routed_limit) + (e < 0 ? __uint_as_float(0x7FC00000u) : 0.f);
+      }
+      __syncthreads();
+    } else {
+      std::int64_t const r = (task - routed) * kWarps + warp;
+      if (r < a.sgate.rows) {
+        void const* data[2] = {a.sgate.data, a.sup.data};
+        void const* scales[2] = {a.sgate.scales, a.sup.scales};
+        std::int64_t rr[2] = {r, r};
+        bool valid[2] = {true, true};
+        float acc[2] = {0.f, 0.f};
+        RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
+        float const gv = warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r);
+        float const uv = warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r);
+        if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gv, uv, a.shared_limit);
+      }
+    }
+  }
+}
+
+// Launch B. Block task: 16 output rows; warp w takes routed slot w (w + 8, ... when top_k > 8) over the whole inter,
+// scaled by its routing weight; then rows 2w, 2w + 1 of the tile for the shared expert (CUDA cores); one reduction.
+template <class KS>
+__global__ void __launch_bounds__(kThreads) moe_down_mma_kernel(MoeArgs a, float const* __restrict__ h,
+                                                                float const* residual, float* out) {
+  using PS = policy_of<KS>;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  __shared__ int s_idx[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK];
+  __shared__ float s_red[kWarps][16];
+  __shared__ float s_sh[16];
+  int const top_k = a.top_k, seg = int(a.down.cols);  // inter, a multiple of 128
+  std::int64_t const inter = a.down.cols, shared_n = a.has_shared ? a.sdown.cols : 0;
+  std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
+  int const n_limb = top_k * seg;
+  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(n_stage));
+  auto* lo = hi + n_limb;
+  auto* sx = reinterpret_cast<float*>(lo + n_limb);
+  pdl_trigger();
+  prefetch_shared_down<PS>(a, 16);
+  pdl_wait();
+  stage(xs, n_stage, [=](int c) {
+    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;
+    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
+    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
+  });
+  stage_idx(s_idx, s_w, a);
+  __syncthreads();
+  make_f16_limbs(xs, n_limb, hi, lo, sx);
+  __syncthreads();
+
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  std::int64_t const hidden = a.down.rows, tiles = (hidden + 15) / 16;
+  int const nb = seg / 32, ngroups = seg / 128;
+  bool bad = false;
+  for (int s = 0; s < top_k; ++s) bad = bad || s_idx[s] < 0;
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    std::int64_t const r0 = tile * 16;
+    float acc[1][2] = {{0.f, 0.f}};
+    for (int s = warp; s < top_k; s += kWarps) {
+      int const e = s_idx[s];
+      QuadRows const m[1] = {quad_rows(a.down, e < 0 ? 0 : e, r0)};
+      mma_tile_dot<1>(m, 0, 1, ngroups, hi, lo, sx, s * nb, s_w[s], acc);
+    }
+    if (t == 0) {
+      s_red[warp][g] = acc[0][0];
+      s_red[warp][g + 8] = acc[0][1];
+    }
+    if (a.has_shared) {
+      void const* data[2] = {a.sdown.data, a.sdown.data};
+      void const* scales[2] = {a.sdown.scales, a.sdown.scales};
+      std::int64_t r[2] = {r0 + 2 * warp, r0 + 2 * warp + 1};
+      bool valid[2] = {r[0] < hidden, r[1] < hidden};
+      r[0] = valid[0] ? r[0] : 0;
+      r[1] = valid[1] ? r[1] : 0;
+      float sacc[2] = {0.f, 0.f};
+      RowDot<PS>::template lane_dot<2>(data, scales, r, valid, a.sdown, xs + xpad(top_k * seg), sacc);
+      float const v0 = warp_sum(sacc[0]) * RowDot<PS>::row_scale(a.sdown.scales, r[0]);
+      float const v1 = warp_sum(sacc[1]) * RowDot<PS>::row_scale(a.sdown.scales, r[1]);
+      if (lane == 0) {
+        s_sh[2 * warp] = v0;
+        s_sh[2 * warp + 1] = v1;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+      int const rr = int(threadIdx.x);
+      std::int64_t const row = r0 + rr;
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += s_red[w][rr];
+      v *= kMmaPost;
+      if (a.has_shared) v += s_sh[rr];
+      if (bad) v = __uint_as_float(0x7FC00000u);
+      if (row < hidden) out[row] = (residual ? residual[row] : 0.f) + v;
+    }
+    __syncthreads();
+  }
+}
+
+template <class KS>
+cudaError_t launch_moe_mma_gate_up(KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
+                                   cudaStream_t stream) {
+  using PS = policy_of<KS>;
+  std::int64_t n_stage = a.gate.cols;
+  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
+  std::size_t const smem = mma_smem(n_stage, int(a.gate.cols));
+  auto kernel = moe_gate_up_mma_kernel<KS>;
+  std::int64_t const tasks =
+      std::int64_t(a.top_k) * ((a.gate.rows + 15) / 16) + (a.has_shared ? (a.sgate.rows + kWarps - 1) / kWarps : 0);
+  int blocks = 0;
+  cudaError_t e = persistent_grid(kernel, smem, tasks, blocks);
+  if (e != cudaSuccess) return e;
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
+}
+
+template <class KS>
+cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float const* residual, float* out,
+                                cudaStream_t stream) {
+  using PS = policy_of<KS>;
+  int const n_limb = a.top_k * int(a.down.cols);
+  std::int64_t const n_stage = n_limb + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
+  std::size_t const smem = mma_smem(n_stage, n_limb);
+  auto kernel = moe_down_mma_kernel<KS>;
+  int blocks = 0;
+  cudaError_t e = persistent_grid(kernel, smem, (a.down.rows + 15) / 16, blocks);
+  if (e != cudaSuccess) return e;
+  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
+}
+
 // kMinBlocks: resident blocks per SM the register budget must allow; 3 measured best for both launches at Ling's
 // shapes (2026-11-30: 36 µs per step vs 38 with 2 and 43-46 with 4).
 inline constexpr int kMoeMinBlocks = 3;
@@ -632,7 +908,9 @@ cudaError_t launch_moe_gate_up(MoeWeights<PE, PS> const& w, MoeStep const& step,
                                cudaStream_t stream) {
   using namespace kernels;
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
-  if constexpr (std::is_same_v<PE, Mxfp4Quad>)
+  if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
+    return launch_moe_mma_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
+  else if constexpr (std::is_same_v<PE, Mxfp4Quad>)
     return launch_moe_quad_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
   else
     return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
@@ -643,7 +921,9 @@ cudaError_t launch_moe_down(MoeWeights<PE, PS> const& w, MoeStep const& step, fl
                             float* out, cudaStream_t stream) {
   using namespace kernels;
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
-  if constexpr (std::is_same_v<PE, Mxfp4Quad>)
+  if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
+    return launch_moe_mma_down(make_key<PS>(), moe_args(w, step), h, residual, out, stream);
+  else if constexpr (std::is_same_v<PE, Mxfp4Quad>)
     return launch_moe_quad_down(make_key<PS>(), moe_args(w, step), h, residual, out, stream);
   else
     return launch_moe_down_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), h, residual, out, stream);

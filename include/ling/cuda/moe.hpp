@@ -38,6 +38,13 @@ template <> struct DeviceLayout<Mxfp4Quad> {
   }
 };
 
+// The same Mxfp4Quad storage run by the f16 tensor-core path (mma.sync.m16n8k16, fp32 accumulate; layouts in
+// cuda/mma_layout.hpp): E2M1 codes become f16 with two shift/mask operations each, the input goes in as two f16 limbs
+// per element, a block of 8 warps splits each 16-row tile's K (gate/up) or its experts (down). Not yet measured on a
+// GPU (written after session 2's device time was spent): only the MoE launchers and their tests/benchmarks use it.
+struct Mxfp4QuadMma : Mxfp4Quad {};
+template <> struct DeviceLayout<Mxfp4QuadMma> : DeviceLayout<Mxfp4Quad> {};
+
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
