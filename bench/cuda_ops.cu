@@ -281,6 +281,27 @@ void BM_MatvecMultiTuned(benchmark::State& state, std::vector<std::int64_t> rows
   });
 }
 
+template <class P>
+void BM_MatvecMultiMma(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
+  double bytes = 0;
+  std::int64_t out = 0;
+  for (auto r : rows) {
+    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
+    out += r;
+  }
+  int const copies = copies_for(bytes);
+  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
+  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
+    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
+  }
+  DVec x{std::size_t(cols)}, y{std::size_t(out)};
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
+    return launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const>(ptrs[std::size_t(i)]), x.p(), y.p(), s);
+  });
+}
+
 void BM_Router(benchmark::State& state) {
   constexpr std::int64_t kE = 512, kHidden = 2560;
   double const bytes = double(DeviceMatrix<quant::Bf16>::allocate(kE, kHidden).bytes_per_matrix());
@@ -351,6 +372,8 @@ int main(int argc, char** argv) {
   };
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMultiMma<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMultiMma<Fp8Block>(s, {2560}, 4096); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });

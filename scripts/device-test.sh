@@ -84,9 +84,11 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # the f16 tensor-core MoE kernels (opt-in until measured faster): the same bench at context 0
-    { echo; echo "### LING_MOE_KERNEL=mma"; LING_MOE_KERNEL=mma $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
-      >>"$OUT/ling-bench.md" 2>&1; note "ling bench (MoE on tensor cores): rc=$?"
+    # the f16 tensor-core kernels (opt-in until measured faster): the same bench at context 0 with each and both
+    for v in "LING_MOE_KERNEL=mma" "LING_MATVEC_KERNEL=mma" "LING_MOE_KERNEL=mma LING_MATVEC_KERNEL=mma"; do
+      { echo; echo "### $v"; env $v $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
+        >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
+    done
   fi
 fi
 

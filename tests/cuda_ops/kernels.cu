@@ -30,6 +30,10 @@ template cudaError_t launch_router<quant::F32>(DeviceMatrix<quant::F32> const&, 
                                                   cudaStream_t);                                                    \
   template cudaError_t launch_moe_down<PE, PS>(MoeWeights<PE, PS> const&, MoeStep const&, float const*, float const*, \
                                                float*, cudaStream_t);
+template cudaError_t launch_matvec_multi_mma<quant::Fp8Block>(std::span<DeviceMatrix<quant::Fp8Block> const* const>,
+                                                              float const*, float*, cudaStream_t);
+template cudaError_t launch_matvec_multi_mma<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>,
+                                                            float const*, float*, cudaStream_t);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4Quad, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4QuadMma, quant::Fp8Block)

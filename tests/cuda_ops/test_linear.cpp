@@ -107,6 +107,42 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
   }
 }
 
+TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) matches the CPU", P, quant::Fp8Block,
+                   quant::Fp8Row) {
+  LING_REQUIRE_GPU();
+  for (std::int64_t cols : {std::int64_t(64), std::int64_t(256), std::int64_t(2560), std::int64_t(4096)}) {
+    CAPTURE(cols);
+    std::int64_t const rows[] = {5, 130, 1, 300};  // tails of the 16-row tiles; 300 spans three 128-row scale blocks
+    std::vector<HostMatrix<P>> hm;
+    std::vector<cuda::DeviceMatrix<P>> dm;
+    for (auto r : rows) {
+      hm.push_back(random_matrix<P>(r, cols, 0.05f));
+      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
+    }
+    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
+    for (auto& d : dm) ptrs.push_back(&d);
+    auto x = randn(static_cast<std::size_t>(cols));
+    x[3] = 1e4f;  // one large input: the per-segment power-of-two scale keeps the small ones' precision
+    DeviceVec dx(x), dy(5 + 130 + 1 + 300);
+    REQUIRE(cuda::launch_matvec_multi_mma(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(),
+                                          nullptr) == cudaSuccess);
+    device_sync();
+    std::vector<double> ref;
+    for (auto& m : hm) {
+      auto part = cpu_matvec(m, x);
+      ref.insert(ref.end(), part.begin(), part.end());
+    }
+    CHECK(rel_l2(dy.get(), ref) < 1e-5);
+  }
+  // cols not a multiple of 64: refused (the caller falls back to the CUDA-core kernel)
+  auto m = random_matrix<P>(8, 96, 0.05f);
+  auto d = cuda::DeviceMatrix<P>::upload(m.view());
+  cuda::DeviceMatrix<P> const* one[1] = {&d};
+  DeviceVec dx(randn(96)), dy(8);
+  CHECK(cuda::launch_matvec_multi_mma(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(), nullptr) ==
+        cudaErrorInvalidValue);
+}
+
 TEST_CASE("matvec refuses an empty matrix and a multi-matvec of mismatched cols") {
   LING_REQUIRE_GPU();
   cuda::DeviceMatrix<quant::Bf16> empty;

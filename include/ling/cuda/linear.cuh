@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "ling/cuda/linear.hpp"
+#include "ling/cuda/mma_layout.hpp"
 
 namespace ling::cuda::kernels {
 
@@ -682,6 +683,165 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs 
   }
 }
 
+// ---- FP8 matvec on f16 tensor cores (mma.sync.m16n8k16, fp32 accumulate) -----------------------------------------
+// Not yet run on a GPU (written after session 2's device time was spent): opt-in (launch_matvec_multi_mma; the model
+// with LING_MATVEC_KERNEL=mma). A block of 8 warps takes one 16-row tile and splits its K: warp w takes the 64-column
+// segments w, w + 8, ...; lane (g = lane/4, t = lane%4) loads bytes [16t, 16t+16) of the segment of rows g and g + 8,
+// which are four MMAs' A fragments after `cvt e4m3x2 -> f16x2` (exact): MMA j takes elements 16t+4j .. 16t+4j+3 as
+// k = 2t, 2t+1, 2t+8, 2t+9, so the input, staged as two f16 limbs (hi, lo) with a power-of-two scale per segment,
+// keeps its natural order and lane (g < 2, t) reads its B registers with one 8-byte load (column 0 = hi, 1 = lo).
+// D's columns 0 + 1 in the lanes with t = 0 are the segment's dot products of rows g and g + 8.
+__device__ __forceinline__ void mma_f16_acc(float (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t two) {  // low byte -> low half
+  __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
+  return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
+}
+inline constexpr int kMmaSeg = 64;         // input elements per x-scale segment (= 64 FP8 bytes of a row)
+inline constexpr int kMmaSegBatch = 3;     // segments per warp per batch of loads
+
+// hi/lo f16 limbs of staged xs positions [0, n) (n a multiple of kSeg, kSeg a multiple of 32), element c at limb
+// index pos(c), and a power-of-two scale per kSeg-element segment (x / sx in [2^14, 2^15) at the segment's largest
+// |x|: inside f16's range with the most bits kept; ~22 significant bits in hi + lo); one warp per segment.
+template <int kSeg, class Pos>
+__device__ __forceinline__ void make_f16_limbs(float const* xs, int n, std::uint16_t* hi, std::uint16_t* lo, float* sx,
+                                               Pos pos) {
+  constexpr int kPer = kSeg / 32;
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
+  for (int sg = warp; sg < n / kSeg; sg += nwarps) {
+    float v[kPer];
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      v[k] = xs[xpad(sg * kSeg + kPer * lane + k)];
+      amax = fmaxf(amax, fabsf(v[k]));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    int const e = mma16::limb_exponent(__float_as_uint(amax));
+    float const inv = __uint_as_float(std::uint32_t(127 - e) << 23);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      int const c = sg * kSeg + kPer * lane + k;
+      float const sv = v[k] * inv;
+      __half const h = __float2half_rn(sv);
+      hi[pos(c)] = __half_as_ushort(h);
+      lo[pos(c)] = __half_as_ushort(__float2half_rn(sv - __half2float(h)));
+    }
+    if (lane == 0) sx[sg] = __uint_as_float(std::uint32_t(127 + e) << 23);
+  }
+}
+
+template <class K>
+__global__ void __launch_bounds__(kThreads) matvec_mma_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro) {
+  using P = policy_of<K>;
+  static_assert(std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>, "FP8 policies only");
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  __shared__ float s_red[kWarps][16];
+  int const cols = int(a.m[0].cols), nseg = cols / kMmaSeg;
+  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(cols));
+  auto* lo = hi + cols;
+  auto* sx = reinterpret_cast<float*>(lo + cols);
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  std::int64_t const total = a.task_begin[a.count];
+  pdl_trigger();
+  if (std::int64_t(blockIdx.x) < total) {  // this block's first tile: rows 2w, 2w + 1 per warp
+    int const i = task_matrix(a, blockIdx.x);
+    MatrixArgs const& m = a.m[i];
+    std::int64_t const r = (std::int64_t(blockIdx.x) - a.task_begin[i]) * 16 + 2 * warp;
+    if (r < m.rows) warp_prefetch(static_cast<char const*>(m.data) + r * m.ld, (m.rows - r < 2 ? m.rows - r : 2) * m.ld);
+  }
+  pdl_wait();
+  stage_input(xs, x, cols, cols, pro);
+  __syncthreads();
+  make_f16_limbs<kMmaSeg>(xs, cols, hi, lo, sx, [](int c) { return c; });
+  __syncthreads();
+  std::uint16_t const* limb = g == 0 ? hi : lo;
+  for (std::int64_t task = blockIdx.x; task < total; task += gridDim.x) {  // block-uniform
+    int const i = task_matrix(a, task);
+    MatrixArgs const& m = a.m[i];
+    std::int64_t const r0 = (task - a.task_begin[i]) * 16;
+    bool const ok_g = r0 + g < m.rows, ok_g8 = r0 + g + 8 < m.rows;
+    auto const* row_g = static_cast<std::uint8_t const*>(m.data) + (ok_g ? r0 + g : 0) * m.ld;
+    auto const* row_g8 = static_cast<std::uint8_t const*>(m.data) + (ok_g8 ? r0 + g + 8 : 0) * m.ld;
+    float const* bscale = static_cast<float const*>(m.scales) + (r0 >> 7) * ((m.cols + 127) >> 7);  // Fp8Block only
+    float acc[2] = {0.f, 0.f};
+    for (int s0 = warp; s0 < nseg; s0 += kWarps * kMmaSegBatch) {
+      uint4 wv[kMmaSegBatch][2];
+#pragma unroll
+      for (int u = 0; u < kMmaSegBatch; ++u) {
+        int const sg = s0 + u * kWarps;
+        wv[u][0] = sg < nseg && ok_g ? ld_stream(row_g + sg * kMmaSeg + t * 16) : make_uint4(0, 0, 0, 0);
+        wv[u][1] = sg < nseg && ok_g8 ? ld_stream(row_g8 + sg * kMmaSeg + t * 16) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kMmaSegBatch; ++u) {
+        int const sg = s0 + u * kWarps;
+        if (sg >= nseg) break;
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t const wg = word(wv[u][0], j), wg8 = word(wv[u][1], j);
+          std::uint32_t const af[4] = {e4m3x2_to_f16x2(wg), e4m3x2_to_f16x2(wg8), e4m3x2_to_f16x2(wg >> 16),
+                                       e4m3x2_to_f16x2(wg8 >> 16)};
+          uint2 b = make_uint2(0, 0);
+          if (g < 2) b = *reinterpret_cast<uint2 const*>(limb + sg * kMmaSeg + 16 * t + 4 * j);
+          mma_f16_acc(d, af, b.x, b.y);
+        }
+        float sc = sx[sg];
+        if constexpr (std::is_same_v<P, quant::Fp8Block>) sc *= __ldg(bscale + ((sg * kMmaSeg) >> 7));
+        acc[0] = fmaf(d[0] + d[1], sc, acc[0]);
+        acc[1] = fmaf(d[2] + d[3], sc, acc[1]);
+      }
+    }
+    if (t == 0) {
+      s_red[warp][g] = acc[0];
+      s_red[warp][g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+      std::int64_t const r = r0 + threadIdx.x;
+      if (r < m.rows) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += s_red[w][threadIdx.x];
+        v *= kPostPlain;
+        if constexpr (std::is_same_v<P, quant::Fp8Row>) v *= __ldg(static_cast<float const*>(m.scales) + r);
+        if (a.residual[i]) v += a.residual[i][r];
+        a.out[i][r] = v;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <class P>
+inline bool matvec_mma_supported(std::int64_t cols) {
+  return (std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>) && cols > 0 && cols % kMmaSeg == 0;
+}
+
+// a.task_begin counts 16-row tiles (finish_multi_args<P, 16>).
+template <class P>
+cudaError_t launch_matvec_mma_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream) {
+  if constexpr (!(std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>)) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (!matvec_mma_supported<P>(a.m[0].cols)) return cudaErrorInvalidValue;
+    int const cols = int(a.m[0].cols);
+    std::size_t const smem = std::size_t(xs_floats(cols)) * sizeof(float) + std::size_t(cols) * 4 +
+                             std::size_t(cols / kMmaSeg) * sizeof(float) + 16;
+    auto kernel = matvec_mma_kernel<P>;
+    int blocks = 0;
+    cudaError_t e = persistent_grid(kernel, smem, a.task_begin[a.count], blocks);
+    if (e != cudaSuccess) return e;
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
+  }
+}
+
 // ---- host side -------------------------------------------------------------------------------------------
 inline int sm_count() {
   static int n = [] {
@@ -784,6 +944,22 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
   if (!ok) return cudaErrorInvalidValue;
   return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                    cudaStream_t stream) {
+  bool ok = false;
+  kernels::MultiArgs a{};
+  a.count = int(ws.size());
+  ok = a.count > 0 && a.count <= kMaxMultiMatrices;
+  if (!ok) return cudaErrorInvalidValue;
+  for (int i = 0; i < a.count; ++i) {
+    if (ws[std::size_t(i)]->empty()) return cudaErrorInvalidValue;
+    a.m[i] = ws[std::size_t(i)]->args();
+  }
+  if (!kernels::finish_multi_args<P, 16>(a, y, nullptr)) return cudaErrorInvalidValue;
+  return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
 }
 
 }  // namespace ling::cuda

@@ -224,6 +224,15 @@ struct MatvecOut {
   float const* residual = nullptr;  // may equal out (in-place residual add)
 };
 
+// LING_MATVEC_KERNEL=mma: FP8 matvecs (cols a multiple of 64) on the f16 tensor-core kernel (not yet measured).
+inline bool matvec_mma_enabled() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_MATVEC_KERNEL");
+    return e && std::string(e) == "mma";
+  }();
+  return on;
+}
+
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list) {
@@ -238,7 +247,9 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
     bool const fast = fast_rows(*first.m);
     with_policy(f, fast, [&](auto p) {
       using P = decltype(p);
-      constexpr int NR = kernels::kMatvecRows<P>;
+      constexpr bool kFp8 = std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>;
+      bool const mma = kFp8 && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
+      int const NR = mma ? 16 : kernels::kMatvecRows<P>;  // the tensor-core kernel's tasks are 16-row tiles
       kernels::MultiArgs a{};
       std::size_t k = 0;
       for (auto const& o : list) {
@@ -253,7 +264,8 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.task_begin[n + 1] = a.task_begin[n] + (o.m->rows + NR - 1) / NR;
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
-      check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec");
+      if (mma) check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
+      else check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec");
     });
   }
 }

@@ -591,32 +591,6 @@ cudaError_t launch_moe_quad_down(KS, MoeArgs const& a, float const* h, float con
 }
 
 // ---- f16 tensor-core path for Mxfp4QuadMma experts (mma.sync.m16n8k16, layouts in cuda/mma_layout.hpp) --------
-__device__ __forceinline__ void mma_f16(float (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two f16 limbs (hi, lo) of staged xs positions [0, n) (n a multiple of 32) in mma16::staged_half order, and the
-// power-of-two scale of each 32-element block; one warp per block.
-__device__ __forceinline__ void make_f16_limbs(float const* xs, int n, std::uint16_t* hi, std::uint16_t* lo, float* sx) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
-  for (int b = warp; b < n / 32; b += nwarps) {
-    float const v = xs[xpad(b * 32 + lane)];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int const e = mma16::limb_exponent(__float_as_uint(amax));
-    float const s = v * __uint_as_float(std::uint32_t(127 - e) << 23);  // v / 2^e (-e in [-113, 126]: normal)
-    __half const hh = __float2half_rn(s);
-    __half const ll = __float2half_rn(s - __half2float(hh));
-    int const pos = mma16::staged_half(b, lane);
-    hi[pos] = __half_as_ushort(hh);
-    lo[pos] = __half_as_ushort(ll);
-    if (lane == 0) sx[b] = __uint_as_float(std::uint32_t(127 + e) << 23);
-  }
-}
-
 inline constexpr int kMmaGroups = 3;  // 64-byte groups (4 blocks) per warp per batch of loads
 inline constexpr float kMmaPost = mma16::kCodeScale * kPostPlain;
 
@@ -665,7 +639,7 @@ __device__ __forceinline__ void mma_tile_dot(QuadRows const (&m)[NM], int q_firs
           for (int hh = 0; hh < 2; ++hh) {
             std::uint32_t const af[4] = {mma16::e2m1_pair(wg, 2 * hh), mma16::e2m1_pair(wg8, 2 * hh),
                                          mma16::e2m1_pair(wg, 2 * hh + 1), mma16::e2m1_pair(wg8, 2 * hh + 1)};
-            mma_f16(d, af, b[hh].x, b[hh].y);
+            mma_f16_acc(d, af, b[hh].x, b[hh].y);
           }
           float const s_g = ue8m0_float(std::uint8_t(sc[u][mm][0] >> (8 * i))) * sxb;
           float const s_g8 = ue8m0_float(std::uint8_t(sc[u][mm][1] >> (8 * i))) * sxb;
@@ -702,7 +676,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, fl
   stage_input(xs, u, hidden, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
   __syncthreads();
-  make_f16_limbs(xs, hidden, hi, lo, sx);
+  make_f16_limbs<32>(xs, hidden, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
   __syncthreads();
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -783,7 +757,7 @@ __global__ void __launch_bounds__(kThreads) moe_down_mma_kernel(MoeArgs a, float
   });
   stage_idx(s_idx, s_w, a);
   __syncthreads();
-  make_f16_limbs(xs, n_limb, hi, lo, sx);
+  make_f16_limbs<32>(xs, n_limb, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
   __syncthreads();
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
