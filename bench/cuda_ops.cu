@@ -160,8 +160,9 @@ void BM_Matvec(benchmark::State& state, std::int64_t rows, std::int64_t cols) {
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) { return launch_matvec(w[std::size_t(i)], x.p(), y.p(), s); });
 }
 
+// mma: the f16 tensor-core kernel (FP8 only) instead of the CUDA-core one.
 template <class P>
-void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
+void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, bool mma = false) {
   double bytes = 0;
   std::int64_t out = 0;
   for (auto r : rows) {
@@ -177,82 +178,78 @@ void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std
   }
   DVec x{std::size_t(cols)}, y{std::size_t(out)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
-    return launch_matvec_multi(std::span<DeviceMatrix<P> const* const>(ptrs[std::size_t(i)]), x.p(), y.p(), s);
+    std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
+    return mma ? launch_matvec_multi_mma(ws, x.p(), y.p(), s) : launch_matvec_multi(ws, x.p(), y.p(), s);
   });
 }
 
 // ---- MoE step: router-chosen ids (random, distinct) on `layers` different layers' expert sets ----------------
 template <class PE, class PS>
+struct MoeBench {
+  static constexpr std::int64_t kHidden = 2560, kInter = 768;
+  static constexpr int kExperts = 512, kTopK = 8;
+  std::vector<MoeWeights<PE, PS>> w;
+  DeviceBuffer ids;
+  DVec wts, u, h, hid;
+  MoeBench(int layers, int steps)
+      : w(static_cast<std::size_t>(layers)),
+        wts{static_cast<std::size_t>(steps) * kTopK},
+        u{kHidden},
+        h{static_cast<std::size_t>(kTopK * kInter + kInter)},  // top_k slots + the shared expert (kInter wide here)
+        hid{kHidden} {
+    for (auto& l : w) {
+      l.gate = random_device_matrix<PE>(kInter, kHidden, kExperts);
+      l.up = random_device_matrix<PE>(kInter, kHidden, kExperts);
+      l.down = random_device_matrix<PE>(kHidden, kInter, kExperts);
+      l.shared_gate = random_device_matrix<PS>(kInter, kHidden);
+      l.shared_up = random_device_matrix<PS>(kInter, kHidden);
+      l.shared_down = random_device_matrix<PS>(kHidden, kInter);
+    }
+    std::mt19937 g(7);
+    std::vector<int> v;
+    for (int s = 0; s < steps; ++s) {
+      std::vector<int> all(kExperts);
+      for (int e = 0; e < kExperts; ++e) all[std::size_t(e)] = e;
+      std::shuffle(all.begin(), all.end(), g);
+      v.insert(v.end(), all.begin(), all.begin() + kTopK);
+    }
+    ids = DeviceBuffer(v.size() * sizeof(int));
+    ids.upload(v.data(), v.size() * sizeof(int));
+  }
+  MoeStep step(int i) { return MoeStep{ids.data<int>() + i * kTopK, wts.p() + i * kTopK, kTopK, 4.0f, 5.0f}; }
+  MoeWeights<PE, PS> const& layer(int i) const { return w[std::size_t(i) % w.size()]; }
+};
+
+template <class PE, class PS>
 void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_only, bool down_only) {
-  constexpr std::int64_t kHidden = 2560, kInter = 768;
-  constexpr int kExperts = 512, kTopK = 8;
-  std::vector<MoeWeights<PE, PS>> w(static_cast<std::size_t>(layers));
-  for (auto& l : w) {
-    l.gate = random_device_matrix<PE>(kInter, kHidden, kExperts);
-    l.up = random_device_matrix<PE>(kInter, kHidden, kExperts);
-    l.down = random_device_matrix<PE>(kHidden, kInter, kExperts);
-    l.shared_gate = random_device_matrix<PS>(kInter, kHidden);
-    l.shared_up = random_device_matrix<PS>(kInter, kHidden);
-    l.shared_down = random_device_matrix<PS>(kHidden, kInter);
-  }
-  std::mt19937 g(7);
-  std::vector<int> ids;
-  for (int s = 0; s < steps; ++s) {
-    std::vector<int> all(kExperts);
-    for (int e = 0; e < kExperts; ++e) all[std::size_t(e)] = e;
-    std::shuffle(all.begin(), all.end(), g);
-    ids.insert(ids.end(), all.begin(), all.begin() + kTopK);
-  }
-  DeviceBuffer dids(ids.size() * sizeof(int));
-  dids.upload(ids.data(), ids.size() * sizeof(int));
-  DVec wts{static_cast<std::size_t>(steps) * kTopK}, u{kHidden}, h{static_cast<std::size_t>(w[0].h_elements(kTopK))}, hid{kHidden};
-  double bytes = double(w[0].bytes_per_token(kTopK));
+  MoeBench<PE, PS> b(layers, steps);
+  auto const& w0 = b.w[0];
+  constexpr int kTopK = MoeBench<PE, PS>::kTopK;
+  double bytes = double(w0.bytes_per_token(kTopK));
   if (gate_up_only)
-    bytes = double(kTopK) * double(w[0].gate.bytes_per_matrix() + w[0].up.bytes_per_matrix()) +
-            double(w[0].shared_gate.bytes_per_matrix() + w[0].shared_up.bytes_per_matrix());
-  if (down_only) bytes = double(kTopK) * double(w[0].down.bytes_per_matrix()) + double(w[0].shared_down.bytes_per_matrix());
+    bytes = double(kTopK) * double(w0.gate.bytes_per_matrix() + w0.up.bytes_per_matrix()) +
+            double(w0.shared_gate.bytes_per_matrix() + w0.shared_up.bytes_per_matrix());
+  if (down_only) bytes = double(kTopK) * double(w0.down.bytes_per_matrix()) + double(w0.shared_down.bytes_per_matrix());
   run_graph(state, steps, bytes, [&](int i, cudaStream_t s) {
-    MoeStep st{dids.data<int>() + i * kTopK, wts.p() + i * kTopK, kTopK, 4.0f, 5.0f};
-    auto const& l = w[std::size_t(i % layers)];
-    if (gate_up_only) return launch_moe_gate_up(l, st, u.p(), h.p(), s);
-    if (down_only) return launch_moe_down(l, st, h.p(), hid.p(), hid.p(), s);
-    return launch_moe(l, st, u.p(), h.p(), hid.p(), hid.p(), s);
+    MoeStep const st = b.step(i);
+    auto const& l = b.layer(i);
+    if (gate_up_only) return launch_moe_gate_up(l, st, b.u.p(), b.h.p(), s);
+    if (down_only) return launch_moe_down(l, st, b.h.p(), b.hid.p(), b.hid.p(), s);
+    return launch_moe(l, st, b.u.p(), b.h.p(), b.hid.p(), b.hid.p(), s);
   });
 }
 
 // Tuning variants: the same MoE step with a register budget that allows kMinG / kMinD resident blocks per SM.
 template <class PE, class PS, int kMinG, int kMinD>
 void BM_MoeStepTuned(benchmark::State& state, int layers, int steps) {
-  constexpr std::int64_t kHidden = 2560, kInter = 768;
-  constexpr int kExperts = 512, kTopK = 8;
-  std::vector<MoeWeights<PE, PS>> w(static_cast<std::size_t>(layers));
-  for (auto& l : w) {
-    l.gate = random_device_matrix<PE>(kInter, kHidden, kExperts);
-    l.up = random_device_matrix<PE>(kInter, kHidden, kExperts);
-    l.down = random_device_matrix<PE>(kHidden, kInter, kExperts);
-    l.shared_gate = random_device_matrix<PS>(kInter, kHidden);
-    l.shared_up = random_device_matrix<PS>(kInter, kHidden);
-    l.shared_down = random_device_matrix<PS>(kHidden, kInter);
-  }
-  std::mt19937 g(7);
-  std::vector<int> ids;
-  for (int s = 0; s < steps; ++s) {
-    std::vector<int> all(kExperts);
-    for (int e = 0; e < kExperts; ++e) all[std::size_t(e)] = e;
-    std::shuffle(all.begin(), all.end(), g);
-    ids.insert(ids.end(), all.begin(), all.begin() + kTopK);
-  }
-  DeviceBuffer dids(ids.size() * sizeof(int));
-  dids.upload(ids.data(), ids.size() * sizeof(int));
-  DVec wts{static_cast<std::size_t>(steps) * kTopK}, u{kHidden}, h{static_cast<std::size_t>(w[0].h_elements(kTopK))}, hid{kHidden};
-  run_graph(state, steps, double(w[0].bytes_per_token(kTopK)), [&](int i, cudaStream_t s) {
-    MoeStep st{dids.data<int>() + i * kTopK, wts.p() + i * kTopK, kTopK, 4.0f, 5.0f};
-    kernels::MoeArgs a = kernels::moe_args(w[std::size_t(i % layers)], st);
+  MoeBench<PE, PS> b(layers, steps);
+  run_graph(state, steps, double(b.w[0].bytes_per_token(MoeBench<PE, PS>::kTopK)), [&](int i, cudaStream_t s) {
+    kernels::MoeArgs a = kernels::moe_args(b.layer(i), b.step(i));
     auto ke = kernels::make_key<PE>();
     auto ks = kernels::make_key<PS>();
-    cudaError_t e = kernels::launch_moe_gate_up_keyed<kMinG>(ke, ks, a, u.p(), InputPrologue{}, h.p(), s);
+    cudaError_t e = kernels::launch_moe_gate_up_keyed<kMinG>(ke, ks, a, b.u.p(), InputPrologue{}, b.h.p(), s);
     if (e != cudaSuccess) return e;
-    return kernels::launch_moe_down_keyed<kMinD>(ke, ks, a, h.p(), hid.p(), hid.p(), s);
+    return kernels::launch_moe_down_keyed<kMinD>(ke, ks, a, b.h.p(), b.hid.p(), b.hid.p(), s);
   });
 }
 
@@ -278,27 +275,6 @@ void BM_MatvecMultiTuned(benchmark::State& state, std::vector<std::int64_t> rows
   }
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
     return kernels::launch_matvec_keyed<kNR, kMinB>(kernels::make_key<P>(), args[std::size_t(i)], x.p(), InputPrologue{}, {}, s);
-  });
-}
-
-template <class P>
-void BM_MatvecMultiMma(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
-  double bytes = 0;
-  std::int64_t out = 0;
-  for (auto r : rows) {
-    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
-    out += r;
-  }
-  int const copies = copies_for(bytes);
-  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
-  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
-  for (int i = 0; i < copies; ++i) {
-    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
-    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
-  }
-  DVec x{std::size_t(cols)}, y{std::size_t(out)};
-  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
-    return launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const>(ptrs[std::size_t(i)]), x.p(), y.p(), s);
   });
 }
 
@@ -372,8 +348,8 @@ int main(int argc, char** argv) {
   };
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMultiMma<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMultiMma<Fp8Block>(s, {2560}, 4096); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, true); });
+  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, true); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });

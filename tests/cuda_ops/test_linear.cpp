@@ -79,31 +79,39 @@ TEST_CASE_TEMPLATE("matvec matches the CPU linear (tails, poisoned outputs)", P,
   }
 }
 
+// Matrices of `rows` x cols sharing one input through `launch` (a multi-matvec launcher), against the CPU.
+template <class P, class Launch>
+void check_multi(std::int64_t cols, std::vector<std::int64_t> const& rows, std::vector<float> const& x, Launch launch) {
+  CAPTURE(cols);
+  std::vector<HostMatrix<P>> hm;
+  std::vector<cuda::DeviceMatrix<P>> dm;
+  std::int64_t total = 0;
+  for (auto r : rows) {
+    hm.push_back(random_matrix<P>(r, cols, 0.05f));
+    dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
+    total += r;
+  }
+  std::vector<cuda::DeviceMatrix<P> const*> ptrs;
+  for (auto& d : dm) ptrs.push_back(&d);
+  DeviceVec dx(x), dy(static_cast<std::size_t>(total));
+  REQUIRE(launch(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data()) == cudaSuccess);
+  device_sync();
+  std::vector<double> ref;
+  for (auto& m : hm) {
+    auto part = cpu_matvec(m, x);
+    ref.insert(ref.end(), part.begin(), part.end());
+  }
+  CHECK(rel_l2(dy.get(), ref) < 1e-5);
+}
+
 TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outputs concatenated", P, quant::Fp8Block,
                    quant::Mxfp4, quant::Bf16, test::Int8Row) {
   LING_REQUIRE_GPU();
   for (std::int64_t cols : {std::int64_t(203), std::int64_t(2560)}) {
     cols = fit_cols<P>(cols);
-    std::int64_t const rows[] = {5, 130, 1, 33};
-    std::vector<HostMatrix<P>> hm;
-    std::vector<cuda::DeviceMatrix<P>> dm;
-    for (auto r : rows) {
-      hm.push_back(random_matrix<P>(r, cols, 0.05f));
-      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
-    }
-    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
-    for (auto& d : dm) ptrs.push_back(&d);
-    auto x = randn(static_cast<std::size_t>(cols));
-    DeviceVec dx(x), dy(5 + 130 + 1 + 33);
-    REQUIRE(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(), nullptr) ==
-            cudaSuccess);
-    device_sync();
-    std::vector<double> ref;
-    for (auto& m : hm) {
-      auto part = cpu_matvec(m, x);
-      ref.insert(ref.end(), part.begin(), part.end());
-    }
-    CHECK(rel_l2(dy.get(), ref) < 1e-5);
+    check_multi<P>(cols, {5, 130, 1, 33}, randn(static_cast<std::size_t>(cols)), [](auto ws, float const* x, float* y) {
+      return cuda::launch_matvec_multi(ws, x, y, nullptr);
+    });
   }
 }
 
@@ -111,28 +119,12 @@ TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) match
                    quant::Fp8Row) {
   LING_REQUIRE_GPU();
   for (std::int64_t cols : {std::int64_t(64), std::int64_t(256), std::int64_t(2560), std::int64_t(4096)}) {
-    CAPTURE(cols);
-    std::int64_t const rows[] = {5, 130, 1, 300};  // tails of the 16-row tiles; 300 spans three 128-row scale blocks
-    std::vector<HostMatrix<P>> hm;
-    std::vector<cuda::DeviceMatrix<P>> dm;
-    for (auto r : rows) {
-      hm.push_back(random_matrix<P>(r, cols, 0.05f));
-      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
-    }
-    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
-    for (auto& d : dm) ptrs.push_back(&d);
     auto x = randn(static_cast<std::size_t>(cols));
     x[3] = 1e4f;  // one large input: the per-segment power-of-two scale keeps the small ones' precision
-    DeviceVec dx(x), dy(5 + 130 + 1 + 300);
-    REQUIRE(cuda::launch_matvec_multi_mma(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(),
-                                          nullptr) == cudaSuccess);
-    device_sync();
-    std::vector<double> ref;
-    for (auto& m : hm) {
-      auto part = cpu_matvec(m, x);
-      ref.insert(ref.end(), part.begin(), part.end());
-    }
-    CHECK(rel_l2(dy.get(), ref) < 1e-5);
+    // row counts: tails of the 16-row tiles; 300 spans three 128-row scale blocks
+    check_multi<P>(cols, {5, 130, 1, 300}, x, [](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_mma(ws, xp, y, nullptr);
+    });
   }
   // cols not a multiple of 64: refused (the caller falls back to the CUDA-core kernel)
   auto m = random_matrix<P>(8, 96, 0.05f);

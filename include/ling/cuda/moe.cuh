@@ -51,6 +51,32 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
   }
 }
 
+// The shared expert's gate and up rows r · xs (its own policy, CUDA cores): the warp-summed dot products.
+template <class PS>
+__device__ __forceinline__ float2 shared_gate_up_row(MoeArgs const& a, float const* xs, std::int64_t r) {
+  void const* data[2] = {a.sgate.data, a.sup.data};
+  void const* scales[2] = {a.sgate.scales, a.sup.scales};
+  std::int64_t rr[2] = {r, r};
+  bool valid[2] = {true, true};
+  float acc[2] = {0.f, 0.f};
+  RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
+  return make_float2(warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r),
+                     warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r));
+}
+
+// Launch B's input: the routed slots' h[s * inter + j] at segments of `seg` staged floats each (zero past inter), then
+// the shared expert's h at segment top_k (seg = 0: no routed slots, the dense MLP).
+template <class PS>
+__device__ __forceinline__ void stage_down_input(float* xs, float const* __restrict__ h, MoeArgs const& a, int seg) {
+  int const top_k = a.top_k;
+  std::int64_t const inter = a.down.cols, shared_n = a.has_shared ? a.sdown.cols : 0;
+  stage(xs, std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0), [=](int c) {
+    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;
+    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
+    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
+  });
+}
+
 // Before the PDL wait only the shared expert's rows are known (the routed ids come from the router): each warp
 // prefetches the shared gate/up rows of its tasks (task t >= routed is shared row t - routed, `rpt` rows per task).
 template <class PS>
@@ -120,14 +146,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
       if (e < 0) g = __uint_as_float(0x7FC00000u);
       limit = a.routed_limit;
     } else {
-      std::int64_t const r = t - routed;
-      void const* data[2] = {a.sgate.data, a.sup.data};
-      void const* scales[2] = {a.sgate.scales, a.sup.scales};
-      std::int64_t rr[2] = {r, r};
-      bool valid[2] = {true, true};
-      RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
-      g = warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r);
-      v = warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r);
+      float2 const gu = shared_gate_up_row<PS>(a, xs, t - routed);
+      g = gu.x;
+      v = gu.y;
       limit = a.shared_limit;
     }
     if (lane == 0) h[t] = swiglu(g, v, limit);
@@ -208,19 +229,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
   float* xs = reinterpret_cast<float*>(smem_f4);
   __shared__ int s_idx[kMoeMaxTopK];
   __shared__ float s_w[kMoeMaxTopK];
-  int const seg = int(round32(staged_elems<PE>(a.down)));
-  std::int64_t const inter = a.down.cols;
-  // routed slots: h[s*inter + c] at segment s (each padded to seg); the shared expert's h at segment top_k
-  int const top_k = a.top_k;
-  std::int64_t const shared_n = a.has_shared ? a.sdown.cols : 0;
+  int const seg = int(round32(staged_elems<PE>(a.down)));  // staged floats per routed slot
   pdl_trigger();
   prefetch_shared_down<PS>(a, 1);
   pdl_wait();
-  stage(xs, std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0), [=](int c) {
-    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;  // seg = 0: no routed slots
-    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
-    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
-  });
+  stage_down_input<PS>(xs, h, a, seg);
   stage_idx(s_idx, s_w, a);
   __syncthreads();
 
@@ -469,15 +482,8 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_quad_kernel(MoeArgs a, f
       }
     } else {
       std::int64_t const r = t - routed;
-      void const* data[2] = {a.sgate.data, a.sup.data};
-      void const* scales[2] = {a.sgate.scales, a.sup.scales};
-      std::int64_t rr[2] = {r, r};
-      bool valid[2] = {true, true};
-      float acc[2] = {0.f, 0.f};
-      RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
-      float const g = warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r);
-      float const v = warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r);
-      if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(g, v, a.shared_limit);
+      float2 const gu = shared_gate_up_row<PS>(a, xs, r);
+      if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gu.x, gu.y, a.shared_limit);
     }
   }
 }
@@ -492,7 +498,6 @@ __global__ void __launch_bounds__(kThreads) moe_down_quad_kernel(MoeArgs a, floa
   __shared__ float s_w[kMoeMaxTopK];
   __shared__ float s_shared[kWarps][16];
   int const top_k = a.top_k, seg = int(a.down.cols);  // inter, a multiple of 128
-  std::int64_t const inter = a.down.cols, shared_n = a.has_shared ? a.sdown.cols : 0;
   std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
   int const stride = quad_limb_stride(top_k * seg);
   auto* limbs = reinterpret_cast<std::int8_t*>(xs + xs_floats(n_stage));
@@ -500,11 +505,7 @@ __global__ void __launch_bounds__(kThreads) moe_down_quad_kernel(MoeArgs a, floa
   pdl_trigger();
   prefetch_shared_down<PS>(a, 16);
   pdl_wait();
-  stage(xs, n_stage, [=](int c) {
-    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;  // seg = 0: no routed slots
-    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
-    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
-  });
+  stage_down_input<PS>(xs, h, a, seg);
   stage_idx(s_idx, s_w, a);
   __syncthreads();
   make_limbs(xs, top_k * seg, limbs, stride, sx);
@@ -714,15 +715,8 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, fl
     } else {
       std::int64_t const r = (task - routed) * kWarps + warp;
       if (r < a.sgate.rows) {
-        void const* data[2] = {a.sgate.data, a.sup.data};
-        void const* scales[2] = {a.sgate.scales, a.sup.scales};
-        std::int64_t rr[2] = {r, r};
-        bool valid[2] = {true, true};
-        float acc[2] = {0.f, 0.f};
-        RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
-        float const gv = warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r);
-        float const uv = warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r);
-        if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gv, uv, a.shared_limit);
+        float2 const gu = shared_gate_up_row<PS>(a, xs, r);
+        if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gu.x, gu.y, a.shared_limit);
       }
     }
   }
@@ -741,7 +735,6 @@ __global__ void __launch_bounds__(kThreads) moe_down_mma_kernel(MoeArgs a, float
   __shared__ float s_red[kWarps][16];
   __shared__ float s_sh[16];
   int const top_k = a.top_k, seg = int(a.down.cols);  // inter, a multiple of 128
-  std::int64_t const inter = a.down.cols, shared_n = a.has_shared ? a.sdown.cols : 0;
   std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
   int const n_limb = top_k * seg;
   auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(n_stage));
@@ -750,11 +743,7 @@ __global__ void __launch_bounds__(kThreads) moe_down_mma_kernel(MoeArgs a, float
   pdl_trigger();
   prefetch_shared_down<PS>(a, 16);
   pdl_wait();
-  stage(xs, n_stage, [=](int c) {
-    int const s = (seg > 0 && c / seg < top_k) ? c / seg : top_k, j = c - s * seg;
-    if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
-    return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
-  });
+  stage_down_input<PS>(xs, h, a, seg);
   stage_idx(s_idx, s_w, a);
   __syncthreads();
   make_f16_limbs<32>(xs, n_limb, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
