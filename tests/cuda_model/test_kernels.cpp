@@ -310,6 +310,25 @@ TEST_CASE("fused MoE (MXFP4 routed + FP8 shared, clamps) matches a double refere
   CHECK(rel_l2(got, ref) < 1e-4);
 }
 
+TEST_CASE("MoE refuses routed experts whose rows are not whole 16-byte chunks, naming the sizes") {
+  LING_REQUIRE_GPU();
+  std::int64_t const E = 3, I = 40, hidden = 64;  // FP8 down rows of 40 bytes
+  std::vector<HostMatrix> gm, um, dm;
+  for (int e = 0; e < E; ++e) {
+    gm.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    um.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    dm.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * I), 0.3f), hidden, I, nullptr));
+  }
+  auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
+  try {
+    (void)moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res);
+    FAIL("misaligned routed experts were accepted");
+  } catch (ling::Error const& e) {
+    CHECK(e.code() == ling::ErrorCode::kUnsupported);
+    CHECK(std::string(e.what()).find("moe_intermediate_size 40") != std::string::npos);
+  }
+}
+
 TEST_CASE("LM head (FP8-row and BF16) logits and argmax") {
   LING_REQUIRE_GPU();
   std::int64_t const vocab = 1000, hidden = 96;
