@@ -21,24 +21,6 @@
 using namespace ling;
 using namespace ling::cuda;
 
-// Benchmark-only variants: the same storage decoded by the other decoders (FP8: integer bit patterns; MXFP4:
-// halves + conversions).
-struct Fp8BlockBits : quant::Fp8Block {};
-struct Mxfp4Half : quant::Mxfp4 {};
-namespace ling::cuda {
-template <> struct DeviceLayout<Fp8BlockBits> : detail::PaddedRows<Fp8BlockBits> {};
-template <> struct DeviceLayout<Mxfp4Half> : DeviceLayout<quant::Mxfp4> {};
-namespace kernels {
-template <> struct FastOps<Fp8BlockBits> : Fp8DotBits {
-  __device__ static float chunk_scale(void const* s, MatrixArgs const& m, std::int64_t r, int j) {
-    return FastOps<quant::Fp8Block>::chunk_scale(s, m, r, j);
-  }
-  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
-};
-template <> struct FastOps<Mxfp4Half> : Mxfp4Ops<Mxfp4DotHalf> {};
-}  // namespace kernels
-}  // namespace ling::cuda
-
 namespace {
 
 double g_read_gbs = 0;  // measured read bandwidth, GB/s

@@ -6,34 +6,15 @@
 #include <random>
 #include <vector>
 
+#include "../gpu_random.hpp"
 #include "harness.hpp"
 #include "ling/quant/policies.hpp"
 
 namespace ling::test_gpu {
 
-inline std::mt19937& rng() {
-  static std::mt19937 g{std::random_device{}()};  // fresh inputs every run (METHOD.md)
-  return g;
-}
-inline std::vector<float> randn(std::size_t n, float scale = 1.f) {
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng());
-  return v;
-}
-inline double rel_l2(std::vector<float> const& a, std::vector<double> const& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    double d = double(a[i]) - ref[i];
-    if (std::isnan(a[i])) return 1e30;
-    num += d * d;
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-inline double rel_l2(std::vector<float> const& a, std::vector<float> const& ref) {
-  return rel_l2(a, std::vector<double>(ref.begin(), ref.end()));
-}
+using test_common::randn;
+using test_common::rel_l2;
+using test_common::rng;
 
 template <class T>
 std::vector<unsigned char> bytes_of(std::vector<T> const& v) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../gpu_random.hpp"
 #include "int8_row_policy.hpp"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/moe.hpp"
@@ -17,32 +18,9 @@
 
 namespace ling::test_ops {
 
-inline std::mt19937_64& rng() {
-  static std::mt19937_64 g = [] {
-    std::uint64_t seed = (std::uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
-    MESSAGE("cuda-ops test seed: " << seed);
-    return std::mt19937_64{seed};
-  }();
-  return g;
-}
-inline std::vector<float> randn(std::size_t n, float scale = 1.f) {
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng());
-  return v;
-}
-
-// Relative L2 error of a against ref; any NaN/inf in a counts as failure (returns 1e30).
-inline double rel_l2(std::vector<float> const& a, std::vector<double> const& ref) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(a[i])) return 1e30;
-    double d = double(a[i]) - ref[i];
-    num += d * d;
-    den += ref[i] * ref[i];
-  }
-  return std::sqrt(num / (den > 1e-300 ? den : 1e-300));
-}
+using test_common::randn;
+using test_common::rel_l2;
+using test_common::rng;
 
 // A host matrix of policy P made from random normal values (quantized by the policy's own quantizer).
 template <class P>

@@ -207,8 +207,9 @@ struct FastOps<quant::F32> {
   __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
 };
 
-template <>
-struct FastOps<quant::Bf16> {
+// 16-bit formats: 8 elements per chunk, a 32-bit word holds elements 2i (low half) and 2i + 1; Pair converts one word.
+template <class Pair>
+struct HalfWordOps {
   static constexpr int kElems = 8, kUnroll = 8;
   static constexpr float kPost = kPostPlain;
   template <int NR>
@@ -220,35 +221,7 @@ struct FastOps<quant::Bf16> {
       float a0 = 0.f, a1 = 0.f;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        std::uint32_t u = word(v[n], i);
-        a0 = fmaf(__uint_as_float(u << 16), xv[2 * i], a0);
-        a1 = fmaf(__uint_as_float(u & 0xFFFF0000u), xv[2 * i + 1], a1);
-      }
-      d[n] = a0 + a1;
-    }
-  }
-  __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
-  __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
-};
-
-template <>
-struct FastOps<quant::F16> {
-  static constexpr int kElems = 8, kUnroll = 8;
-  static constexpr float kPost = kPostPlain;
-  template <int NR>
-  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
-    float4 xa = reinterpret_cast<float4 const*>(xp)[0], xb = reinterpret_cast<float4 const*>(xp)[1];
-    float xv[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-    for (int n = 0; n < NR; ++n) {
-      float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        std::uint32_t u = word(v[n], i);
-        __half2_raw r;
-        r.x = std::uint16_t(u & 0xFFFFu);
-        r.y = std::uint16_t(u >> 16);
-        float2 f = __half22float2(__half2(r));
+        float2 const f = Pair::convert(word(v[n], i));
         a0 = fmaf(f.x, xv[2 * i], a0);
         a1 = fmaf(f.y, xv[2 * i + 1], a1);
       }
@@ -258,43 +231,31 @@ struct FastOps<quant::F16> {
   __device__ static float chunk_scale(void const*, MatrixArgs const&, std::int64_t, int) { return 1.f; }
   __device__ static float row_scale(void const*, std::int64_t) { return 1.f; }
 };
+struct Bf16Pair {  // bf16 is the top half of a float: shifts only
+  __device__ static float2 convert(std::uint32_t u) {
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+  }
+};
+struct F16Pair {
+  __device__ static float2 convert(std::uint32_t u) {
+    __half2_raw r;
+    r.x = std::uint16_t(u & 0xFFFFu);
+    r.y = std::uint16_t(u >> 16);
+    return __half22float2(__half2(r));
+  }
+};
+template <>
+struct FastOps<quant::Bf16> : HalfWordOps<Bf16Pair> {};
+template <>
+struct FastOps<quant::F16> : HalfWordOps<F16Pair> {};
 
-// 16 E4M3 -> fp32 without conversion instructions (a variant; Fp8DotCvt is the default): the code's 7 exponent/mantissa bits are placed at float
-// bits 20..26 (value * 2^-120, subnormals included: FFMA takes denormal inputs exactly), and the sign is applied
-// to x (xor of its sign bit), which keeps each element at two shifts, two logic ops and one FFMA.
-// (E4M3 NaN codes decode as finite; checkpoints carry none.)
-__device__ __forceinline__ float fp8_mag(std::uint32_t bits) { return __uint_as_float(bits & 0x07F00000u); }
+// Applies the sign bit of `bits` (bit 31) to x: the MXFP4 decoder puts a code's sign on the input.
 __device__ __forceinline__ float xor_sign(float x, std::uint32_t bits) {
   return __uint_as_float(__float_as_uint(x) ^ (bits & 0x80000000u));
 }
-struct Fp8DotBits {
-  static constexpr int kElems = 16, kUnroll = 8;
-  static constexpr float kPost = 4722366482869645213696.0f;  // 2^72 = 2^120 / kXPre
-  template <int NR>
-  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
-    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
-    float a0[NR], a1[NR];
-    zero(a0);
-    zero(a1);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 x = x4[i];
-#pragma unroll
-      for (int n = 0; n < NR; ++n) {
-        std::uint32_t u = word(v[n], i);
-        a0[n] = fmaf(fp8_mag(u << 20), xor_sign(x.x, u << 24), a0[n]);
-        a1[n] = fmaf(fp8_mag(u << 12), xor_sign(x.y, u << 16), a1[n]);
-        a0[n] = fmaf(fp8_mag(u << 4), xor_sign(x.z, u << 8), a0[n]);
-        a1[n] = fmaf(fp8_mag(u >> 4), xor_sign(x.w, u), a1[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
-  }
-};
 
-// The default FP8 decoder: hardware fp8x2 -> half2 -> float conversions (measured faster than Fp8DotBits at equal
-// occupancy: KDA projections 28.9 vs 32.6 us, 2026-11-30).
+// The FP8 decoder: hardware fp8x2 -> half2 -> float conversions (measured faster than building fp32 bit patterns
+// from the codes at equal occupancy: KDA projections 28.9 vs 32.6 us, 2026-11-30; that variant was removed).
 struct Fp8DotCvt {
   static constexpr int kElems = 16, kUnroll = 8;
   static constexpr float kPost = kPostPlain;
@@ -376,46 +337,6 @@ struct Mxfp4DotBits {
         a1[n] = fmaf(e2m1_mag<5>(w), e2m1_signed_x<5>(xb.y, w), a1[n]);
         a0[n] = fmaf(e2m1_mag<6>(w), e2m1_signed_x<6>(xb.z, w), a0[n]);
         a1[n] = fmaf(e2m1_mag<7>(w), e2m1_signed_x<7>(xb.w, w), a1[n]);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < NR; ++n) d[n] = a0[n] + a1[n];
-  }
-};
-
-// The previous MXFP4 decoder (codes placed in halves, then half->float conversions), a benchmark variant.
-struct Mxfp4DotHalf {
-  static constexpr int kElems = 32, kUnroll = 4;
-  static constexpr float kPost = 16384.0f * kPostPlain;  // halves hold value * 2^-14
-  __device__ static float2 pair(std::uint32_t h) {
-    __half2_raw r;
-    r.x = std::uint16_t(h & 0xFFFFu);
-    r.y = std::uint16_t(h >> 16);
-    return __half22float2(__half2(r));
-  }
-  template <int NR>
-  __device__ static void dot(uint4 const (&v)[NR], float const* xp, float (&d)[NR]) {
-    float4 const* x4 = reinterpret_cast<float4 const*>(xp);
-    float a0[NR], a1[NR];
-    zero(a0);
-    zero(a1);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int hb = 0; hb < 2; ++hb) {
-        float4 x = x4[2 * i + hb];
-#pragma unroll
-        for (int n = 0; n < NR; ++n) {
-          std::uint32_t w = word(v[n], i);
-          std::uint32_t t = __byte_perm(w, 0u, hb == 0 ? 0x4140u : 0x4342u);
-          std::uint32_t lo = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
-          std::uint32_t hi = ((t & 0x00700070u) << 5) | ((t & 0x00800080u) << 8);
-          float2 fl = pair(lo), fh = pair(hi);
-          a0[n] = fmaf(fl.x, x.x, a0[n]);
-          a1[n] = fmaf(fh.x, x.y, a1[n]);
-          a0[n] = fmaf(fl.y, x.z, a0[n]);
-          a1[n] = fmaf(fh.y, x.w, a1[n]);
-        }
       }
     }
 #pragma unroll
