@@ -142,15 +142,23 @@ void BM_Matvec(benchmark::State& state, std::int64_t rows, std::int64_t cols) {
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) { return launch_matvec(w[std::size_t(i)], x.p(), y.p(), s); });
 }
 
+// Bytes one launch over matrices of `rows` x cols reads (device layout), and their total rows.
+template <class P>
+double multi_bytes(std::vector<std::int64_t> const& rows, std::int64_t cols, std::int64_t& total_rows) {
+  double bytes = 0;
+  total_rows = 0;
+  for (auto r : rows) {
+    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
+    total_rows += r;
+  }
+  return bytes;
+}
+
 // mma: the f16 tensor-core kernel (FP8 only) instead of the CUDA-core one.
 template <class P>
 void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, bool mma = false) {
-  double bytes = 0;
   std::int64_t out = 0;
-  for (auto r : rows) {
-    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
-    out += r;
-  }
+  double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
   std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
   std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
@@ -238,12 +246,8 @@ void BM_MoeStepTuned(benchmark::State& state, int layers, int steps) {
 // Tuning variants of the fused projections: kNR rows per warp task, kMinB resident blocks per SM.
 template <class P, int kNR, int kMinB>
 void BM_MatvecMultiTuned(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
-  double bytes = 0;
   std::int64_t out = 0;
-  for (auto r : rows) {
-    bytes += double(DeviceMatrix<P>::allocate(r, cols).bytes_per_matrix());
-    out += r;
-  }
+  double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
   std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
   std::vector<kernels::MultiArgs> args(static_cast<std::size_t>(copies));
