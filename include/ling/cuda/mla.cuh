@@ -260,23 +260,7 @@ __global__ void __launch_bounds__(128) mla_prepare_kernel(MlaDecodeArgs a) {
       for (int j = tid; j < d.rope; j += blockDim.x) dst[j] = qh[d.nope + j];
     }
   }
-  if (h == 0 && chunk == 0) {  // the new cache row [RMSNorm(c) | RoPE(k_rope)]
-    float ss = 0.f;
-    for (int i = tid; i < d.rank; i += blockDim.x) ss += a.kv_a[i] * a.kv_a[i];
-    float inv = rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
-    std::uint16_t* row = a.cache + t * L;
-    for (int i = tid; i < d.rank; i += blockDim.x) row[i] = bf16_from_float(a.kv_norm[i] * (a.kv_a[i] * inv)).bits;
-    if (d.use_rope) {
-      for (int j = tid; j < d.rope / 2; j += blockDim.x) {
-        float x0 = a.kv_a[d.rank + 2 * j], x1 = a.kv_a[d.rank + 2 * j + 1];
-        rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
-        row[d.rank + 2 * j] = bf16_from_float(x0).bits;
-        row[d.rank + 2 * j + 1] = bf16_from_float(x1).bits;
-      }
-    } else {
-      for (int j = tid; j < d.rope; j += blockDim.x) row[d.rank + j] = bf16_from_float(a.kv_a[d.rank + j]).bits;
-    }
-  }
+  if (h == 0 && chunk == 0) mla_write_cache_row(a, t, scratch);
 }
 
 
