@@ -1,6 +1,6 @@
 // CPU layers against independent references: Linear in every policy (matrix-vector and matrix-matrix), RMSNorm,
 // SwiGLU with its clamp, the grouped router, MoE, the KDA mixer (chunked prefill vs token-by-token decode) and the
-// DecoderLayer composition.
+// DecoderLayer composition; the router's selection margin and its aggregate over a Session's call.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 #include "ling/cpu/moe.hpp"
 #include "ling/cpu/rms_norm.hpp"
 #include "ling/cpu/router.hpp"
+#include "ling/runtime/session.hpp"
 #include "random_weights.hpp"
 
 using namespace ling;
@@ -183,6 +184,9 @@ TEST_CASE("router: random scores against a brute-force reference over kept group
     for (int i = 0; i < 3; ++i)
       for (int e = groups[i].second * 8; e < groups[i].second * 8 + 8; ++e) cand.push_back({sb[e], e});
     std::sort(cand.rbegin(), cand.rend());
+    // Margin: the smaller of the k-th over the (k+1)-th kept expert and the 3rd over the 4th group.
+    double margin = std::min(cand[5].first - cand[6].first, groups[2].first - groups[3].first);
+    CHECK(std::abs(r.margin - margin) < 1e-6);
     double sum = 0;
     for (int i = 0; i < 6; ++i) sum += s[cand[i].second];
     for (int i = 0; i < 6; ++i) {
@@ -190,6 +194,44 @@ TEST_CASE("router: random scores against a brute-force reference over kept group
       CHECK(r.weights[i] == doctest::Approx(1.7 * s[cand[i].second] / sum).epsilon(1e-5));
     }
   }
+}
+
+TEST_CASE("router: margin is the smallest gap at the top-k and the group boundary") {
+  using R = layers::Router<>;
+  std::vector<float> logits(8, 0.f);  // every score sigmoid(0) = 0.5, so the bias alone orders the experts
+  // Ungrouped, top-2 of 4: a near tie between the 2nd (0.7) and the 3rd (0.6999) expert.
+  R::Config c{Dyn(4, "h"), Dyn(4, "e"), 2, 1, 1, true, 1.f};
+  REQUIRE(R::can_implement(c).is_ok());
+  std::vector<float> bias{0.3f, 0.2f, 0.2f - 1e-4f, 0.f};
+  auto r = cpu::route_scores(c, logits.data(), bias);
+  CHECK(std::set<int>(r.experts.begin(), r.experts.end()) == std::set<int>{0, 1});
+  CHECK(r.margin == (0.5f + 0.2f) - (0.5f + (0.2f - 1e-4f)));
+  CHECK(r.margin == doctest::Approx(1e-4).epsilon(1e-2));
+  // An exact tie is a zero margin (the lower index wins it).
+  bias[2] = 0.2f;
+  CHECK(cpu::route_scores(c, logits.data(), bias).margin == 0.f);
+  // Every expert chosen: no boundary, +inf.
+  c.top_k = 4;
+  CHECK(std::isinf(cpu::route_scores(c, logits.data(), bias).margin));
+  // Grouped, 4 groups of 2, keep 2, top-2. Group scores (top-2 sums) 1.4, 1.8, 1.0, 1.399: g1 and g0 kept, g3 the
+  // best dropped, 1e-3 behind; the kept experts' scores 0.9, 0.5, 1.0, 0.8 give a top-k gap of 0.1, so the group
+  // gap is the margin.
+  R::Config g{Dyn(4, "h"), Dyn(8, "e"), 2, 4, 2, true, 1.f};
+  REQUIRE(R::can_implement(g).is_ok());
+  bias = {0.4f, 0.f, 0.5f, 0.3f, 0.f, 0.f, 0.2f, 0.199f};
+  r = cpu::route_scores(g, logits.data(), bias);
+  CHECK(std::set<int>(r.experts.begin(), r.experts.end()) == std::set<int>{0, 2});
+  CHECK(r.margin == doctest::Approx(1e-3).epsilon(1e-3));
+  // Group 3 far behind: the top-k gap (1.0 and 0.9 chosen, 0.8 the best left in the kept groups) is the margin.
+  bias[6] = bias[7] = 0.f;
+  r = cpu::route_scores(g, logits.data(), bias);
+  CHECK(r.margin == doctest::Approx(0.1).epsilon(1e-4));
+  // A dropped group's expert does not count, however close: groups 1.449, 1.9, 1.75, 1.0 keep g1 and g2 (gap 0.301);
+  // 1.0 and 0.95 are chosen, 0.9 is the best left in the kept groups (gap 0.05), not 0.949 of the dropped g0.
+  bias = {0.449f, 0.f, 0.5f, 0.4f, 0.45f, 0.3f, 0.f, 0.f};
+  r = cpu::route_scores(g, logits.data(), bias);
+  CHECK(std::set<int>(r.experts.begin(), r.experts.end()) == std::set<int>{2, 4});
+  CHECK(r.margin == doctest::Approx(0.05).epsilon(1e-4));
 }
 
 TEST_CASE("MoE: grouped-by-expert prefill equals a per-token reference; decode equals prefill") {
@@ -207,10 +249,13 @@ TEST_CASE("MoE: grouped-by-expert prefill equals a per-token reference; decode e
   m.weights.shared = {rng.linear(20, 16), rng.linear(20, 16), rng.linear(16, 20)};
   cpu::Matrix x = rng.mat(9, 16), y;
   cpu::forward_prefill(be, m, x, y);
+  float const prefill_margin = be.min_routing_margin;
+  float token_min = std::numeric_limits<float>::infinity();
   cpu::Matrix ref = cpu::Matrix::Zero(9, 16), row;
   for (int t = 0; t < 9; ++t) {
     M::RouterLayer router{m.config.router, m.weights.router};
     auto r = cpu::route(be, router, x.middleRows(t, 1))[0];
+    token_min = std::min(token_min, r.margin);
     for (std::size_t i = 0; i < r.experts.size(); ++i) {
       M::Expert ex{m.config.expert, m.weights.experts[std::size_t(r.experts[i])]};
       cpu::forward_decode(be, ex, x.middleRows(t, 1), row);
@@ -221,9 +266,37 @@ TEST_CASE("MoE: grouped-by-expert prefill equals a per-token reference; decode e
     ref.row(t) += row;
   }
   CHECK(test::rel_l2(y, ref) < 1e-6);
+  // The backend keeps the smallest margin over the tokens routed.
+  CHECK(std::isfinite(prefill_margin));
+  CHECK(prefill_margin == token_min);
   cpu::Matrix y1;
   cpu::forward_decode(be, m, x.middleRows(4, 1), y1);
   CHECK(test::rel_l2(y1, y.middleRows(4, 1)) < 1e-6);
+}
+
+TEST_CASE("MoE: Session::routing_margin covers the last prefill/decode of a checkpoint") {
+  auto s = runtime::Session::open(std::string(LING_TEST_DATA) + "/ling-a-bf16");
+  CHECK(std::isinf(s.routing_margin()));  // nothing routed yet
+  std::vector<std::int32_t> prompt;
+  for (int i = 0; i < 23; ++i) prompt.push_back(std::int32_t((i * 37 + 11) % s.vocab_size()));
+  auto l = s.prefill(prompt);
+  float const prefill_margin = s.routing_margin();
+  CHECK(std::isfinite(prefill_margin));
+  CHECK(prefill_margin > 0.f);
+  // The MTP layer's own routing does not change it (the margin describes the main model's call).
+  std::int32_t const next = std::int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+  if (s.has_mtp()) {
+    std::vector<std::int32_t> following(prompt.begin() + 1, prompt.end());
+    following.push_back(next);
+    (void)s.mtp_after(following);
+    CHECK(s.routing_margin() == prefill_margin);
+  }
+  // A decode routes one token and reports that token's margin alone.
+  (void)s.decode(next);
+  float const decode_margin = s.routing_margin();
+  CHECK(std::isfinite(decode_margin));
+  CHECK(decode_margin > 0.f);
+  MESSAGE("ling-a-bf16 routing margin: prefill " << prefill_margin << ", decode " << decode_margin);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -17,8 +18,13 @@ using RowVector = Eigen::RowVectorXf;
 using ConstMatrixRef = Eigen::Ref<Matrix const>;
 using MatrixRef = Eigen::Ref<Matrix>;
 
-// The tag that selects CPU overloads of forward_prefill / forward_decode (DESIGN.md decision 2).
-struct Backend {};
+// The tag that selects CPU overloads of forward_prefill / forward_decode (DESIGN.md decision 2), and the statistics
+// the forward gathers on the way.
+struct Backend {
+  // Smallest Routing::margin of every token routed since the owner last reset it (runtime::Session resets it at each
+  // prefill/decode): tells a comparison against another engine when a different expert choice is legitimate.
+  float min_routing_margin = std::numeric_limits<float>::infinity();
+};
 
 // Elementwise activations (own namespace: cpu/short_conv.hpp defines its own cpu::silu).
 namespace ops {

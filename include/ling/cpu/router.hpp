@@ -24,6 +24,7 @@ layers::Routing route_scores(Config const& c, float const* logits, std::vector<f
   auto better = [](std::vector<float> const& v) {
     return [&v](std::int64_t a, std::int64_t b) { return v[std::size_t(a)] > v[std::size_t(b)] || (v[std::size_t(a)] == v[std::size_t(b)] && a < b); };
   };
+  float group_margin = std::numeric_limits<float>::infinity();
   if (c.n_group > 1 && c.topk_group < c.n_group) {
     std::vector<float> group_score(static_cast<std::size_t>(c.n_group));
     for (std::int64_t g = 0; g < c.n_group; ++g) {
@@ -35,6 +36,10 @@ layers::Routing route_scores(Config const& c, float const* logits, std::vector<f
     std::vector<std::int64_t> order(static_cast<std::size_t>(c.n_group));
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + c.topk_group, order.end(), better(group_score));
+    float best_dropped = -std::numeric_limits<float>::infinity();
+    for (std::int64_t i = c.topk_group; i < c.n_group; ++i)
+      best_dropped = std::max(best_dropped, group_score[std::size_t(order[std::size_t(i)])]);
+    group_margin = group_score[std::size_t(order[std::size_t(c.topk_group - 1)])] - best_dropped;
     std::vector<char> keep(std::size_t(c.n_group), 0);
     for (std::int64_t i = 0; i < c.topk_group; ++i) keep[std::size_t(order[std::size_t(i)])] = 1;
     for (std::int64_t e = 0; e < e_count; ++e)
@@ -44,6 +49,11 @@ layers::Routing route_scores(Config const& c, float const* logits, std::vector<f
   std::iota(idx.begin(), idx.end(), 0);
   std::partial_sort(idx.begin(), idx.begin() + c.top_k, idx.end(), better(sel));
   layers::Routing r;
+  // Experts of dropped groups are -inf, so the best non-chosen one comes from the kept groups; none left: +inf.
+  float best_rest = -std::numeric_limits<float>::infinity();
+  for (std::int64_t i = c.top_k; i < e_count; ++i)
+    best_rest = std::max(best_rest, sel[std::size_t(idx[std::size_t(i)])]);
+  r.margin = std::min(group_margin, sel[std::size_t(idx[std::size_t(c.top_k - 1)])] - best_rest);
   float sum = 0.f;
   for (std::int64_t i = 0; i < c.top_k; ++i) {
     r.experts.push_back(std::int32_t(idx[std::size_t(i)]));
@@ -58,12 +68,15 @@ layers::Routing route_scores(Config const& c, float const* logits, std::vector<f
 }
 
 template <std::int64_t kH, std::int64_t kE, class P>
-std::vector<layers::Routing> route(Backend&, layers::Router<kH, kE, P> const& l, ConstMatrixRef x) {
+std::vector<layers::Routing> route(Backend& be, layers::Router<kH, kE, P> const& l, ConstMatrixRef x) {
   Matrix logits;
   linear(l.weights.gate, x, logits);
   std::vector<layers::Routing> out;
   out.reserve(static_cast<std::size_t>(x.rows()));
-  for (std::int64_t t = 0; t < x.rows(); ++t) out.push_back(route_scores(l.config, logits.row(t).data(), l.weights.expert_bias));
+  for (std::int64_t t = 0; t < x.rows(); ++t) {
+    out.push_back(route_scores(l.config, logits.row(t).data(), l.weights.expert_bias));
+    be.min_routing_margin = std::min(be.min_routing_margin, out.back().margin);
+  }
   return out;
 }
 

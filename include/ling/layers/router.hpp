@@ -3,6 +3,7 @@
 // (group score = sum of the top-2 biased scores of each group; keep topk_group groups), weights from the unbiased
 // scores, normalised over the chosen experts when norm_topk_prob, times routed_scaling_factor.
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "ling/core/error.hpp"
@@ -42,10 +43,14 @@ struct Router {
   static constexpr std::int64_t state_bytes(Config const&) { return 0; }
 };
 
-// The routing of one token: chosen experts and their weights.
+// The routing of one token: chosen experts and their weights. `margin` is the smallest gap, in biased-score units,
+// at any selection boundary (the k-th chosen expert over the best non-chosen one of the kept groups; with grouped
+// selection also the topk_group-th group score over the best dropped group's): another engine whose scores differ
+// by more than this may legitimately choose other experts. +inf where nothing was left out.
 struct Routing {
   std::vector<std::int32_t> experts;
   std::vector<float> weights;
+  float margin = std::numeric_limits<float>::infinity();
 };
 
 }  // namespace ling::layers

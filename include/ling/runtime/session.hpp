@@ -7,11 +7,13 @@
 //   decode(token)      -> logits [V]                          (recurrent KDA, absorbed MLA)
 //   mtp_logits(h, next, position) / mtp_after(next) -> MTP logits (spec §2 MTP)
 //   snapshot() / restore(), reset()
+//   routing_margin()   -> smallest MoE routing boundary gap of the last prefill/decode (layers::Routing::margin)
 // Errors: a token id >= vocab -> kInvalidArgument naming the id; a context past max_position_embeddings (or
 // SessionOptions::max_context) -> kOutOfRange. A failed call leaves the caches as they were.
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,6 +52,7 @@ class Engine {
   virtual bool has_mtp() const = 0;
   virtual ModelConfig const& config() const = 0;
   virtual std::string_view model_type() const = 0;
+  virtual float routing_margin() const = 0;
 
   cpu::Matrix hidden, logits, mtp_logits;
 };
@@ -69,10 +72,14 @@ class EngineFor final : public Engine {
       fail(ErrorCode::kOutOfRange, "context overflow: " + std::to_string(state_.position) + " tokens + " +
                                        std::to_string(tokens.size()) + " new exceed the maximum context of " +
                                        std::to_string(max_ctx));
+    be_.min_routing_margin = std::numeric_limits<float>::infinity();
     cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
   }
   void mtp(cpu::ConstMatrixRef h, std::span<std::int32_t const> next, std::int64_t position, cpu::Phase phase) override {
+    // routing_margin() describes the last prefill/decode; the MTP layer's own routing must not lower it.
+    float const margin = be_.min_routing_margin;
     cpu::mtp_forward(be_, model_, state_, h, next, position, mtp_logits, phase);
+    be_.min_routing_margin = margin;
   }
   void reset() override { state_ = model_.make_state(); }
   CacheSnapshot snapshot() const override { return CacheSnapshot(this, state_); }
@@ -82,6 +89,7 @@ class EngineFor final : public Engine {
   bool has_mtp() const override { return model_.has_mtp(); }
   ModelConfig const& config() const override { return model_.config; }
   std::string_view model_type() const override { return Model::spec_type::name; }
+  float routing_margin() const override { return be_.min_routing_margin; }
   Model& model() { return model_; }
 
  private:
@@ -170,6 +178,10 @@ class Session {
   bool has_mtp() const { return engine_->has_mtp(); }
   ModelConfig const& config() const { return engine_->config(); }
   std::string_view model_type() const { return engine_->model_type(); }
+  // Smallest top-k/group boundary gap (biased score) over the MoE layers and tokens of the last prefill/decode; +inf
+  // when the model has no MoE. Another engine (the CUDA model) whose router scores differ from these by more than
+  // this may legitimately pick other experts, so comparisons use it to tell such a step from a bug.
+  float routing_margin() const { return engine_->routing_margin(); }
 
  private:
   explicit Session(std::unique_ptr<detail::Engine> e) : engine_(std::move(e)) {}
