@@ -333,6 +333,16 @@ int main(int argc, char** argv) {
     })->UseManualTime()->Unit(benchmark::kMicrosecond);
   };
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_nopipe", [](benchmark::State& s) {
+    setenv("LING_MATVEC_PIPE", "0", 1);  // the one-round-trip-per-task kernel (before software pipelining)
+    BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560);
+    unsetenv("LING_MATVEC_PIPE");
+  });
+  reg("kda_o_proj_[2560,4096]_fp8_nopipe", [](benchmark::State& s) {
+    setenv("LING_MATVEC_PIPE", "0", 1);
+    BM_MatvecMulti<Fp8Block>(s, {2560}, 4096);
+    unsetenv("LING_MATVEC_PIPE");
+  });
   reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, true); });
   reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, true); });
@@ -347,6 +357,16 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
+  // the same three on the fp32 decoder (LING_MOE_Q8=0) instead of the int8 path
+  for (int part = 0; part < 3; ++part) {
+    static char const* const names[] = {"moe_step_8of512_mxfp4_fp32dec+shared_fp8", "moe_gate_up_8of512_mxfp4_fp32dec+shared",
+                                        "moe_down_8of512_mxfp4_fp32dec+shared"};
+    reg(names[part], [part](benchmark::State& s) {
+      setenv("LING_MOE_Q8", "0", 1);
+      BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, part == 1, part == 2);
+      unsetenv("LING_MOE_Q8");
+    });
+  }
   reg("moe_step_8of512_mxfp4quad_f16mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, true); });

@@ -69,7 +69,7 @@ if [ $SANITIZE = 1 ]; then
     for exe in $(find $BUILD/tests -type f -executable -name 'test_cuda*' | sort); do
       [ -n "$TESTS" ] && ! [[ "$(basename "$exe")" =~ $TESTS ]] && continue
       n=$((n+1))
-      (cd tests && timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$ROOT/$exe" >>"$OUT/sanitize-$tool.log" 2>&1) || bad=$((bad+1))
+      (cd tests && timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$ROOT/$exe" >>"$OUT/sanitize-$tool.log" 2>&1) || bad=$((bad+1))
     done
     note "compute-sanitizer $tool: $bad of $n executables report errors; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' ')"
   done
@@ -84,8 +84,8 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # the f16 tensor-core kernels (opt-in until measured faster): the same bench at context 0 with each and both
-    for v in "LING_MOE_KERNEL=mma" "LING_MATVEC_KERNEL=mma" "LING_MOE_KERNEL=mma LING_MATVEC_KERNEL=mma"; do
+    # A/B at context 0: the MXFP4 experts on the fp32 decoder instead of the int8 path (LING_MOE_VARIANTS overrides)
+    for v in ${LING_MOE_VARIANTS:-"LING_MOE_Q8=0"}; do
       { echo; echo "### $v"; env $v $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

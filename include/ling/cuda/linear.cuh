@@ -76,6 +76,53 @@ __device__ __forceinline__ void stage(float* xs, std::int64_t n_stage, Src src) 
 __device__ __forceinline__ void stage_x(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
   stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
 }
+// Stages x[0..n), zero-filled up to n_stage, four elements per load when x is 16-byte aligned (the input of a
+// launch is usually a whole workspace buffer): a straight copy, no per-element index arithmetic.
+__device__ __forceinline__ void stage_x4(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
+  if ((reinterpret_cast<std::uintptr_t>(x) & 15) != 0) {
+    stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
+    return;
+  }
+  constexpr int kB = 8;  // float4 loads in flight per thread
+  int const end4 = int(round32(n_stage)) / 4, nn = int(n);
+  for (int base = threadIdx.x; base < end4; base += blockDim.x * kB) {
+    float4 v[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      if (c + 3 < nn) {
+        v[i] = __ldg(reinterpret_cast<float4 const*>(x + c));
+      } else {
+        v[i].x = c < nn ? x[c] : 0.f;
+        v[i].y = c + 1 < nn ? x[c + 1] : 0.f;
+        v[i].z = c + 2 < nn ? x[c + 2] : 0.f;
+        v[i].w = c + 3 < nn ? x[c + 3] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      if (c < 4 * end4)
+        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * kXPre, v[i].y * kXPre, v[i].z * kXPre, v[i].w * kXPre);
+    }
+  }
+}
+
+// q / d without a division instruction: one multiply-high by m = ceil(2^32 / d), exact whenever q * d < 2^32
+// (then q * (m d - 2^32) < 2^32, so the rounding of m never reaches the next integer). `plain` (d = 1, or a range
+// the bound does not cover) falls back to the division. Built once per thread, used per task or chunk.
+struct FastDiv {
+  std::uint32_t d, m;
+  bool plain;
+  __device__ FastDiv(std::uint32_t d_, std::uint64_t q_max) : d(d_), m(0), plain(true) {
+    if (d > 1 && q_max < (std::uint64_t(1) << 32) / d) {
+      m = std::uint32_t(0xFFFFFFFFu / d + 1u);
+      plain = false;
+    }
+  }
+  __device__ __forceinline__ std::uint32_t div(std::uint32_t q) const { return plain ? q / d : __umulhi(q, m); }
+};
+
 
 __device__ __forceinline__ float block_sum(float v, float* red) {  // red: 32 floats of shared memory
   v = warp_sum(v);
@@ -95,23 +142,52 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
   int const end = int(round32(n_stage)), nn = int(n);
   float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
   float ss = 0.f;
-  for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
-    float v[kStageBatch];
+  if ((reinterpret_cast<std::uintptr_t>(x) & 15) == 0) {  // four elements per load (the usual case)
+    constexpr int kB = 4;
+    int const end4 = end / 4;
+    for (int base = threadIdx.x; base < end4; base += blockDim.x * kB) {
+      float4 v[kB];
 #pragma unroll
-    for (int i = 0; i < kStageBatch; ++i) {
-      int const c = base + i * int(blockDim.x);
-      v[i] = c < nn ? x[c] : 0.f;
+      for (int i = 0; i < kB; ++i) {
+        int const c = 4 * (base + i * int(blockDim.x));
+        if (c + 3 < nn) {
+          v[i] = __ldg(reinterpret_cast<float4 const*>(x + c));
+        } else {
+          v[i].x = c < nn ? x[c] : 0.f;
+          v[i].y = c + 1 < nn ? x[c + 1] : 0.f;
+          v[i].z = c + 2 < nn ? x[c + 2] : 0.f;
+          v[i].w = c + 3 < nn ? x[c + 3] : 0.f;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        int const c = 4 * (base + i * int(blockDim.x));
+        if (c < end) {
+          *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * pre, v[i].y * pre, v[i].z * pre, v[i].w * pre);
+          ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
+        }
+      }
     }
+  } else {
+    for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
+      float v[kStageBatch];
 #pragma unroll
-    for (int i = 0; i < kStageBatch; ++i) {
-      int const c = base + i * int(blockDim.x);
-      if (c < end) xs[xpad(c)] = v[i] * pre;
-      ss = fmaf(v[i], v[i], ss);
+      for (int i = 0; i < kStageBatch; ++i) {
+        int const c = base + i * int(blockDim.x);
+        v[i] = c < nn ? x[c] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kStageBatch; ++i) {
+        int const c = base + i * int(blockDim.x);
+        if (c < end) xs[xpad(c)] = v[i] * pre;
+        ss = fmaf(v[i], v[i], ss);
+      }
     }
   }
   if (p.kind == PrologueKind::kRmsNorm) {
+    // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
     float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
-    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];  // own elements: no barrier
+    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];
   } else if (p.kind == PrologueKind::kGatedHeadNorm) {
     __syncthreads();
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
@@ -360,7 +436,8 @@ struct FastOps<quant::Mxfp4> : Mxfp4Ops<Mxfp4DotBits> {};
 template <class P, class Enable = void>
 struct RowDot {  // generic: P::decode, element by element
   static constexpr bool kFast = false;
-  template <int NR>
+  static constexpr int kUnroll = 1;
+  template <int NR, int kU = 1>
   __device__ static void lane_dot(void const* const (&data)[NR], void const* const (&scales)[NR],
                                   std::int64_t const (&r)[NR], bool const (&valid)[NR], MatrixArgs const& m,
                                   float const* xs, float (&acc)[NR]) {
@@ -385,7 +462,7 @@ struct RowDot<P, std::enable_if_t<has_fast_kernel<P>>> {
   using S = typename P::storage_type;
   static constexpr int kElems = Ops::kElems, kUnroll = Ops::kUnroll;
 
-  template <int NR>
+  template <int NR, int kU = kUnroll>  // kU: chunks per lane per batch of loads
   __device__ static void lane_dot(void const* const (&data)[NR], void const* const (&scales)[NR],
                                   std::int64_t const (&r)[NR], bool const (&valid)[NR], MatrixArgs const& m,
                                   float const* xs, float (&acc)[NR]) {
@@ -395,11 +472,11 @@ struct RowDot<P, std::enable_if_t<has_fast_kernel<P>>> {
 #pragma unroll
     for (int n = 0; n < NR; ++n)
       rowp[n] = reinterpret_cast<uint4 const*>(static_cast<char const*>(data[n]) + r[n] * m.ld * std::int64_t(sizeof(S)));
-    for (int base = lane; base < nchunks; base += 32 * kUnroll) {
-      uint4 v[kUnroll][NR];
-      float sc[kUnroll][NR];
+    for (int base = lane; base < nchunks; base += 32 * kU) {
+      uint4 v[kU][NR];
+      float sc[kU][NR];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         int const j = base + 32 * u;
 #pragma unroll
         for (int n = 0; n < NR; ++n) {
@@ -409,7 +486,7 @@ struct RowDot<P, std::enable_if_t<has_fast_kernel<P>>> {
         }
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         int const j = base + 32 * u;
         if (j < nchunks) {
           float d[NR];
@@ -494,6 +571,18 @@ __device__ __forceinline__ unsigned long long warp_max_u64(unsigned long long v)
     v = t > v ? t : v;
   }
   return v;
+}
+// The same through two 32-bit redux.sync reductions (sm_80+): the high words, then the low words of the lanes that
+// hold the maximal high word. Two instructions instead of five shuffle rounds of 64-bit values.
+__device__ __forceinline__ unsigned long long warp_max_u64_fast(unsigned long long v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned const hi = unsigned(v >> 32), lo = unsigned(v);
+  unsigned const mh = __reduce_max_sync(0xffffffffu, hi);
+  unsigned const ml = __reduce_max_sync(0xffffffffu, hi == mh ? lo : 0u);
+  return (static_cast<unsigned long long>(mh) << 32) | ml;
+#else
+  return warp_max_u64(v);
+#endif
 }
 
 template <class P>
@@ -601,6 +690,92 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs 
       *am.counter = 0u;
       if (am.position) *am.position += 1;
     }
+  }
+}
+
+// ---- software-pipelined matvec: one row per warp task, the next task's loads in flight during this one's math ----
+// A warp's tasks are serial round trips in matvec_kernel (load, wait ~1 µs, math, next). Here the loads of task
+// t + stride are issued before the math of task t, so each warp keeps a row in flight while it computes; rows must
+// fit in one batch (chunks <= 32 kU). Used for the one-row policies (block FP8: the KDA / MLA projections).
+template <class P, int kU>
+struct RowLoad {
+  uint4 v[kU];
+  float sc[kU];
+};
+template <class P, int kU>
+__device__ __forceinline__ void row_load(RowLoad<P, kU>& L, MatrixArgs const& m, std::int64_t r) {
+  using S = typename P::storage_type;
+  int const lane = threadIdx.x & 31;
+  int const nchunks = int(m.ld * std::int64_t(sizeof(S)) / 16);
+  auto const* rowp = reinterpret_cast<uint4 const*>(static_cast<char const*>(m.data) + r * m.ld * std::int64_t(sizeof(S)));
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    int const j = lane + 32 * u;
+    bool const ok = j < nchunks;
+    L.v[u] = ok ? ld_stream(rowp + j) : make_uint4(0, 0, 0, 0);
+    L.sc[u] = ok ? FastOps<P>::chunk_scale(m.scales, m, r, j) : 0.f;
+  }
+}
+template <class P, int kU>
+__device__ __forceinline__ float row_math(RowLoad<P, kU> const& L, MatrixArgs const& m, float const* xs) {
+  using S = typename P::storage_type;
+  int const lane = threadIdx.x & 31;
+  int const nchunks = int(m.ld * std::int64_t(sizeof(S)) / 16);
+  float acc = 0.f;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    int const j = lane + 32 * u;
+    if (j < nchunks) {
+      uint4 const vv[1] = {L.v[u]};
+      float d[1];
+      FastOps<P>::template dot<1>(vv, xs + xpad(j * FastOps<P>::kElems), d);
+      acc = fmaf(L.sc[u], d[0], acc);
+    }
+  }
+  return acc;
+}
+
+template <class K, int kU, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(MultiArgs a, float const* __restrict__ x,
+                                                                         InputPrologue pro) {
+  using P = policy_of<K>;
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  std::int64_t const stride = std::int64_t(gridDim.x) * kWarps;
+  std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  std::int64_t const total = a.task_begin[a.count];
+  pdl_trigger();
+  // weights do not depend on the producer: the first row's loads go out before the PDL wait (into registers), the
+  // second row's into L2
+  RowLoad<P, kU> cur, nxt;
+  int ci = 0;
+  std::int64_t cr = 0;
+  if (t < total) {
+    ci = task_matrix(a, t);
+    cr = t - a.task_begin[ci];
+    row_load(cur, a.m[ci], cr);
+  }
+  prefetch_task<P, 1>(a, t + stride);
+  pdl_wait();
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
+  __syncthreads();
+  int const lane = threadIdx.x & 31;
+  for (; t < total; t += stride) {
+    std::int64_t const tn = t + stride;
+    int ni = ci;
+    std::int64_t nr = 0;
+    if (tn < total) {
+      ni = task_matrix(a, tn);
+      nr = tn - a.task_begin[ni];
+      row_load(nxt, a.m[ni], nr);
+    }
+    MatrixArgs const& m = a.m[ci];
+    float v = warp_sum(row_math(cur, m, xs)) * RowDot<P>::row_scale(m.scales, cr);
+    if (float const* res = a.residual[ci]) v += res[cr];
+    if (lane == 0) a.out[ci][cr] = v;
+    cur = nxt;
+    ci = ni;
+    cr = nr;
   }
 }
 
@@ -788,6 +963,31 @@ inline cudaError_t persistent_grid(Kernel k, std::size_t smem, std::int64_t work
   return cudaSuccess;
 }
 
+// The pipelined kernel's batch (chunks per lane) for rows of `nchunks` 16-byte chunks; 0: rows too long for it.
+inline int pipe_unroll(std::int64_t nchunks) {
+  return nchunks <= 64 ? 2 : nchunks <= 160 ? 5 : nchunks <= 256 ? 8 : 0;
+}
+template <class K>
+cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
+  using P = policy_of<K>;
+  std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
+  std::int64_t const total = a.task_begin[a.count];
+  auto go = [&](auto kernel) {
+    int blocks = 0;
+    cudaError_t e = persistent_grid(kernel, smem, (total + kWarps - 1) / kWarps, blocks);
+    if (e != cudaSuccess) return e;
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
+  };
+  if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>);
+  if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>);
+  return go(matvec_pipe_kernel<K, 8, 2>);  // two buffers of 8 chunks need the 128-register budget
+}
+// LING_MATVEC_PIPE=0 turns the pipelined kernel off (A/B measurements); read at each launch.
+inline bool matvec_pipe_enabled() {
+  char const* e = std::getenv("LING_MATVEC_PIPE");
+  return !(e && *e == '0');
+}
+
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
 // has to spell quant::Plain<...> (see make_key).
 // kNR (rows per warp task; 0: kMatvecRows) and kMinBlocks (resident blocks per SM the register budget allows) are
@@ -797,6 +997,12 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
                                 cudaStream_t stream) {
   using P = policy_of<K>;
   constexpr int NR = kNR > 0 ? kNR : kMatvecRows<P>;
+  if constexpr (kNR == 0 && kMinBlocks == 0 && NR == 1 && has_fast_kernel<P>) {
+    int const ku = pipe_unroll(a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)) / 16);
+    bool same_ld = true;
+    for (int i = 1; i < a.count; ++i) same_ld = same_ld && a.m[i].ld == a.m[0].ld;
+    if (ku > 0 && same_ld && !am.key && matvec_pipe_enabled()) return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
+  }
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
   constexpr int MB = kMinBlocks > 0 ? kMinBlocks : kMatvecMinBlocks<P>;
   auto kernel = matvec_kernel<K, NR, MB>;

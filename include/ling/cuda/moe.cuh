@@ -59,7 +59,9 @@ __device__ __forceinline__ float2 shared_gate_up_row(MoeArgs const& a, float con
   std::int64_t rr[2] = {r, r};
   bool valid[2] = {true, true};
   float acc[2] = {0.f, 0.f};
-  RowDot<PS>::template lane_dot<2>(data, scales, rr, valid, a.sgate, xs, acc);
+  // at most 5 chunks per lane in flight (Ling's 2560-column FP8 rows are 160 chunks): the default 8 spilled here
+  constexpr int kU = RowDot<PS>::kUnroll < 5 ? RowDot<PS>::kUnroll : 5;
+  RowDot<PS>::template lane_dot<2, kU>(data, scales, rr, valid, a.sgate, xs, acc);
   return make_float2(warp_sum(acc[0]) * RowDot<PS>::row_scale(scales[0], r),
                      warp_sum(acc[1]) * RowDot<PS>::row_scale(scales[1], r));
 }
@@ -75,6 +77,135 @@ __device__ __forceinline__ void stage_down_input(float* xs, float const* __restr
     if (s < top_k) return j < inter ? h[s * inter + j] : 0.f;
     return j < shared_n ? h[std::int64_t(top_k) * inter + j] : 0.f;
   });
+}
+
+// Routed experts that take the int8 path below. Launch A (gate/up) uses it by default; launch B (down) does not: its
+// input (top_k × inter = 6144 values in Ling) is quantized again by every block, which costs about what the cheaper
+// decode saves (2026-11-30, H200, ling bench at context 0: 3.407 ms/token with launch A on int8, 3.422 with both,
+// 3.527 with neither; launch A alone 14.9 µs on int8 against 17.1 on the fp32 decoder). LING_MOE_Q8=0: neither
+// launch, =2: both (A/B measurements); moe_q8_mode() in moe.hpp reads it at each launch.
+template <class P>
+inline constexpr bool kMoeQ8 = std::is_same_v<P, quant::Mxfp4>;
+// ---- MXFP4 experts on int8 dot products (CUDA cores) ---------------------------------------------------------
+// E2M1 codes are integers at twice their value (0, 1, 2, 3, 4, 6, 8, 12, signed), so their products with int8
+// activations are exact. PRMT looks up four codes at once in an 8-byte table: a code with its sign bit set selects
+// 0 there (prmt's sign mode replicates the msb of the selected byte, 0 in every entry), and a second lookup with the
+// sign bits flipped gives the negative codes' magnitudes; DP4A accumulates both against the activation limbs in
+// int32, pos and neg apart. Activations, per 32-element block: x ≈ sx (q0 + q1 / 254) with q0, q1 ∈ [-127, 127]
+// (two int8 limbs, error ≤ amax / 64516 ≈ 1.5e-5 amax). Per weight ~1.75 instructions (PRMT, LOP3, 2 × DP4A per 4
+// codes and limb) instead of ~4.7 for the fp32 bit-pattern decoder (SHL + LOP3 for the magnitude, SHL + LOP3 for the
+// sign, FFMA); ncu on launch A: 10.4M → 7.6M instructions.
+inline constexpr std::uint32_t kE2m1TabLo = 0x03020100u, kE2m1TabHi = 0x0C080604u;  // 2 × {0, .5, 1, 1.5, 2, 3, 4, 6}
+inline constexpr float kQ8LimbScale = 1.0f / 254.0f;
+
+__device__ __forceinline__ std::uint32_t prmt_sign(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
+  std::uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Limb storage: group g (elements 4g..4g+3) at q8_slot(g) as int2 {q0 bytes, q1 bytes}; one int2 of padding per
+// 32-element block so that lanes reading different blocks hit different banks.
+__host__ __device__ constexpr int q8_slot(int g) { return g + (g >> 3); }
+__host__ __device__ constexpr int q8_slots(int nblocks) { return nblocks * 9; }
+
+// Quantizes staged blocks [0, nblocks) of xs (padded float layout, times `unit`) into limbs q and block scales sx
+// (which fold in 0.5 for the doubled E2M1 codes and 1 / unit). A thread takes a group of 4 elements (one float4, one
+// int2 store), 8 consecutive lanes a block, whose maximum takes 3 shuffles. A NaN or infinite input makes its block's
+// scale NaN, so the rows that read it turn NaN (never a silent finite value).
+__device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, int nblocks, float unit) {
+  int const ngroups = nblocks * 8;
+  float const post = 0.5f / 127.f / unit;
+  for (int base = 0; base < ngroups; base += int(blockDim.x)) {  // uniform trip count: the shuffles see every lane
+    int const g = base + int(threadIdx.x);
+    bool const ok = g < ngroups;
+    float4 const v = ok ? *reinterpret_cast<float4 const*>(xs + xpad(4 * g)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    unsigned m = max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
+                     max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w))));  // NaN's bits exceed all others
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+    float const amax = __uint_as_float(m);
+    float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;  // |v inv| <= 127 (1 + 2 ulp): rounds to <= 127
+    float const e[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
+    std::uint32_t w0 = 0, w1 = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      float const f0 = rintf(e[k]);
+      w0 |= (std::uint32_t(int(f0)) & 0xFFu) << (8 * k);
+      w1 |= (std::uint32_t(int(rintf((e[k] - f0) * 254.f))) & 0xFFu) << (8 * k);
+    }
+    if (ok) {
+      q[q8_slot(g)] = make_int2(int(w0), int(w1));
+      if ((g & 7) == 0) sx[g >> 3] = amax * post;
+    }
+  }
+}
+
+// Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1.
+template <int NR>
+__device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
+                                         int (&bp)[NR], int (&bn)[NR]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7 = limb groups 2i (low half) and 2i + 1
+    int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
+      int const p0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w)), m0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw));
+      int const p1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw >> 16));
+      ap[n] = __dp4a(p0, xl.x, ap[n]);
+      an[n] = __dp4a(m0, xl.x, an[n]);
+      bp[n] = __dp4a(p0, xl.y, bp[n]);
+      bn[n] = __dp4a(m0, xl.y, bn[n]);
+      ap[n] = __dp4a(p1, xh.x, ap[n]);
+      an[n] = __dp4a(m1, xh.x, an[n]);
+      bp[n] = __dp4a(p1, xh.y, bp[n]);
+      bn[n] = __dp4a(m1, xh.y, bn[n]);
+    }
+  }
+}
+
+// Lane partials of rows r of NR Mxfp4 matrices (data[n], scales[n], shape m) against the limbs: Σ over this lane's
+// chunks j of (a + b / 254) · sx[j] · 2^(scale - 127). Chunk j of a row is block j (one scale byte).
+template <int NR>
+__device__ __forceinline__ void q8_lane_dot(void const* const (&data)[NR], void const* const (&scales)[NR],
+                                            std::int64_t r, MatrixArgs const& m, int2 const* q, float const* sx,
+                                            float (&acc)[NR]) {
+  constexpr int kU = 3;  // Ling's 2560 columns: 80 chunks, at most 3 per lane, so one batch of loads
+  int const lane = threadIdx.x & 31;
+  int const nchunks = int(m.cols >> 5);
+  std::int64_t const rb = m.ld * std::int64_t(sizeof(typename quant::Mxfp4::storage_type));
+  for (int base = lane; base < nchunks; base += 32 * kU) {
+    uint4 v[kU][NR];
+    float sc[kU][NR];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      int const j = base + 32 * u;
+#pragma unroll
+      for (int n = 0; n < NR; ++n) {
+        bool const ok = j < nchunks;
+        v[u][n] = ok ? ld_stream(reinterpret_cast<uint4 const*>(static_cast<char const*>(data[n]) + r * rb) + j)
+                     : make_uint4(0, 0, 0, 0);
+        sc[u][n] = ok ? ue8m0_float(__ldg(static_cast<std::uint8_t const*>(scales[n]) + r * nchunks + j)) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      int const j = base + 32 * u;
+      if (j < nchunks) {
+        int ap[NR] = {}, an[NR] = {}, bp[NR] = {}, bn[NR] = {};
+        uint4 vv[NR];
+#pragma unroll
+        for (int n = 0; n < NR; ++n) vv[n] = v[u][n];
+        q8_chunk<NR>(vv, q + q8_slot(8 * j), ap, an, bp, bn);
+        float const xsc = sx[j];
+#pragma unroll
+        for (int n = 0; n < NR; ++n)
+          acc[n] = fmaf(fmaf(float(bp[n] - bn[n]), kQ8LimbScale, float(ap[n] - an[n])), sc[u][n] * xsc, acc[n]);
+      }
+    }
+  }
 }
 
 // Before the PDL wait only the shared expert's rows are known (the routed ids come from the router): each warp
@@ -108,7 +239,7 @@ __device__ __forceinline__ void prefetch_shared_down(MoeArgs const& a, int rpt) 
   }
 }
 
-template <class KE, class KS, int kMinBlocks>
+template <class KE, class KS, int kMinBlocks, bool kQ8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro,
                                                                float* h) {
   using PE = policy_of<KE>;
@@ -124,25 +255,40 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
   __syncthreads();
+  // int8 path: the limbs and block scales follow the staged floats in shared memory
+  int const nblk = int(a.gate.cols >> 5);
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  if constexpr (kQ8) {
+    stage_q8(q, sx, xs, nblk, kXPre);
+    __syncthreads();
+  }
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const inter = a.gate.rows, routed = std::int64_t(a.top_k) * inter;
   std::int64_t const total = routed + (a.has_shared ? a.sgate.rows : 0);
+  FastDiv const fd{std::uint32_t(inter), std::uint64_t(routed)};
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
     float acc[2] = {0.f, 0.f};
     float g, v, limit;
     if (t < routed) {
-      int const s = int(t / inter);
+      int const s = int(fd.div(std::uint32_t(t)));
       std::int64_t const r = t - std::int64_t(s) * inter;
       int const e = s_idx[s];
       int const ee = e < 0 ? 0 : e;
       void const* data[2] = {batch_data<PE>(a.gate, ee), batch_data<PE>(a.up, ee)};
       void const* scales[2] = {batch_scales<PE>(a.gate, ee), batch_scales<PE>(a.up, ee)};
-      std::int64_t rr[2] = {r, r};
-      bool valid[2] = {true, true};
-      RowDot<PE>::template lane_dot<2>(data, scales, rr, valid, a.gate, xs, acc);
-      g = warp_sum(acc[0]) * RowDot<PE>::row_scale(scales[0], r);
-      v = warp_sum(acc[1]) * RowDot<PE>::row_scale(scales[1], r);
+      if constexpr (kQ8) {
+        q8_lane_dot<2>(data, scales, r, a.gate, q, sx, acc);
+        g = warp_sum(acc[0]);
+        v = warp_sum(acc[1]);
+      } else {
+        std::int64_t rr[2] = {r, r};
+        bool valid[2] = {true, true};
+        RowDot<PE>::template lane_dot<2>(data, scales, rr, valid, a.gate, xs, acc);
+        g = warp_sum(acc[0]) * RowDot<PE>::row_scale(scales[0], r);
+        v = warp_sum(acc[1]) * RowDot<PE>::row_scale(scales[1], r);
+      }
       if (e < 0) g = __uint_as_float(0x7FC00000u);
       limit = a.routed_limit;
     } else {
@@ -155,15 +301,34 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   }
 }
 
-// Lane partial of the concatenated down rows r of the top_k experts (fast layout), chunk-weighted.
+// Launch B's routed slots: each slot's down matrix and scales (nullptr for an id out of range) and its routing weight,
+// resolved once per block so the chunk loop does no per-chunk expert arithmetic.
+struct DownSlots {
+  char const* data[kMoeMaxTopK];
+  void const* scales[kMoeMaxTopK];
+  float w[kMoeMaxTopK];
+};
 template <class P>
-__device__ __forceinline__ float down_routed_fast(MoeArgs const& a, int const* s_idx, float const* s_w, std::int64_t r,
-                                                  float const* xs, int seg) {
+__device__ __forceinline__ void stage_down_slots(DownSlots& sl, MoeArgs const& a) {
+  for (int s = threadIdx.x; s < a.top_k; s += blockDim.x) {
+    int const e = a.idx[s];
+    bool const ok = e >= 0 && e < a.down.count;
+    sl.data[s] = ok ? static_cast<char const*>(batch_data<P>(a.down, e)) : nullptr;
+    sl.scales[s] = ok ? batch_scales<P>(a.down, e) : nullptr;
+    sl.w[s] = a.weights[s];
+  }
+}
+
+// Lane partial of the concatenated down rows r of the top_k experts (fast layout), chunk-weighted. Chunk q of the
+// concatenation is chunk j = q - s cpe of slot s = q / cpe (fd: cpe).
+template <class P>
+__device__ __forceinline__ float down_routed_fast(MoeArgs const& a, DownSlots const& sl, std::int64_t r,
+                                                  float const* xs, int seg, FastDiv const& fd) {
   using Ops = FastOps<P>;
   using S = typename P::storage_type;
   int const lane = threadIdx.x & 31;
   MatrixArgs const& m = a.down;
-  int const cpe = int(m.ld * std::int64_t(sizeof(S)) / 16);  // chunks per expert row
+  int const cpe = int(fd.d);
   int const nq = a.top_k * cpe;
   std::int64_t const row_off = r * m.ld * std::int64_t(sizeof(S));
   float acc = 0.f;
@@ -174,13 +339,12 @@ __device__ __forceinline__ float down_routed_fast(MoeArgs const& a, int const* s
 #pragma unroll
     for (int u = 0; u < kMoeFlatUnroll; ++u) {
       int const q = base + 32 * u;
-      int const s = q / cpe, j = q - s * cpe;
-      int const e = q < nq ? s_idx[s] : -1;
-      if (e >= 0) {
-        char const* row = static_cast<char const*>(batch_data<P>(m, e)) + row_off;
-        void const* scl = batch_scales<P>(m, e);
-        v[u][0] = ld_stream(reinterpret_cast<uint4 const*>(row) + j);
-        sc[u] = Ops::chunk_scale(scl, m, r, j) * RowDot<P>::row_scale(scl, r) * s_w[s];
+      int const s = int(fd.div(std::uint32_t(q))), j = q - s * cpe;
+      char const* row = q < nq ? sl.data[s] : nullptr;
+      if (row) {
+        void const* scl = sl.scales[s];
+        v[u][0] = ld_stream(reinterpret_cast<uint4 const*>(row + row_off) + j);
+        sc[u] = Ops::chunk_scale(scl, m, r, j) * RowDot<P>::row_scale(scl, r) * sl.w[s];
       } else {
         v[u][0] = make_uint4(0, 0, 0, 0);
         sc[u] = q < nq ? __uint_as_float(0x7FC00000u) : 0.f;  // bad expert id: NaN, visibly
@@ -193,6 +357,45 @@ __device__ __forceinline__ float down_routed_fast(MoeArgs const& a, int const* s
         float d[1];
         Ops::template dot<1>(v[u], xs + xoff[u], d);
         acc = fmaf(sc[u], d[0], acc);
+      }
+    }
+  }
+  return acc;
+}
+
+// The same on the int8 path: chunk j of slot s reads limb block s · bps + j (bps: staged blocks per slot).
+__device__ __forceinline__ float down_routed_q8(MoeArgs const& a, DownSlots const& sl, std::int64_t r, int2 const* q,
+                                                float const* sx, int bps, FastDiv const& fd) {
+  int const lane = threadIdx.x & 31;
+  MatrixArgs const& m = a.down;
+  int const cpe = int(fd.d);
+  int const nq = a.top_k * cpe;
+  std::int64_t const row_off = r * m.ld * std::int64_t(sizeof(typename quant::Mxfp4::storage_type));
+  float acc = 0.f;
+  for (int base = lane; base < nq; base += 32 * kMoeFlatUnroll) {
+    uint4 v[kMoeFlatUnroll][1];
+    float sc[kMoeFlatUnroll];
+    int blk[kMoeFlatUnroll];
+#pragma unroll
+    for (int u = 0; u < kMoeFlatUnroll; ++u) {
+      int const qq = base + 32 * u;
+      int const s = int(fd.div(std::uint32_t(qq))), j = qq - s * cpe;
+      char const* row = qq < nq ? sl.data[s] : nullptr;
+      if (row) {
+        v[u][0] = ld_stream(reinterpret_cast<uint4 const*>(row + row_off) + j);
+        sc[u] = ue8m0_float(__ldg(static_cast<std::uint8_t const*>(sl.scales[s]) + r * cpe + j)) * sl.w[s];
+      } else {
+        v[u][0] = make_uint4(0, 0, 0, 0);
+        sc[u] = qq < nq ? __uint_as_float(0x7FC00000u) : 0.f;  // bad expert id: NaN, visibly
+      }
+      blk[u] = s * bps + j;
+    }
+#pragma unroll
+    for (int u = 0; u < kMoeFlatUnroll; ++u) {
+      if (base + 32 * u < nq) {
+        int ap[1] = {0}, an[1] = {0}, bp[1] = {0}, bn[1] = {0};
+        q8_chunk<1>(v[u], q + q8_slot(8 * blk[u]), ap, an, bp, bn);
+        acc = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), sc[u] * sx[blk[u]], acc);
       }
     }
   }
@@ -220,7 +423,7 @@ __device__ __forceinline__ float down_routed_generic(MoeArgs const& a, int const
   return acc * RowDot<P>::row_scale(nullptr, 0);
 }
 
-template <class KE, class KS, int kMinBlocks>
+template <class KE, class KS, int kMinBlocks, bool kQ8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs a, float const* __restrict__ h,
                                                             float const* residual, float* out) {
   using PE = policy_of<KE>;
@@ -229,21 +432,51 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
   float* xs = reinterpret_cast<float*>(smem_f4);
   __shared__ int s_idx[kMoeMaxTopK];
   __shared__ float s_w[kMoeMaxTopK];
+  __shared__ DownSlots s_slots;
   int const seg = int(round32(staged_elems<PE>(a.down)));  // staged floats per routed slot
+  std::int64_t const inter = a.down.cols;
   pdl_trigger();
   prefetch_shared_down<PS>(a, 1);
   pdl_wait();
-  stage_down_input<PS>(xs, h, a, seg);
+  if (seg == inter)  // the staged layout is h itself (Ling: inter = 768): a straight copy
+    stage_x4(xs, h, std::int64_t(a.top_k) * inter + (a.has_shared ? a.sdown.cols : 0),
+             std::int64_t(a.top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0));
+  else
+    stage_down_input<PS>(xs, h, a, seg);
   stage_idx(s_idx, s_w, a);
+  if constexpr (RowDot<PE>::kFast) stage_down_slots<PE>(s_slots, a);
   __syncthreads();
+  int const bps = seg / 32, nblk = a.top_k * bps;  // int8 path: limbs of the routed segments after the floats
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(std::int64_t(a.top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0)));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  if constexpr (kQ8) {
+    stage_q8(q, sx, xs, nblk, kXPre);
+    __syncthreads();
+  }
 
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const rows = a.down.rows;
+  FastDiv const fd(std::uint32_t(a.down.ld * std::int64_t(sizeof(typename PE::storage_type)) / 16),
+                   std::uint64_t(a.top_k) * std::uint64_t(a.down.ld * std::int64_t(sizeof(typename PE::storage_type)) / 16) +
+                       32u * kMoeFlatUnroll);
+  float const* const xs_shared = xs + xpad(a.top_k * seg);
   for (std::int64_t r = std::int64_t(blockIdx.x) * kWarps + warp; r < rows; r += std::int64_t(gridDim.x) * kWarps) {
+    // the shared expert's row (at most 64 chunks: Ling's 768 FP8 columns are 48) is loaded with the routed rows, not
+    // after their math: one round trip for the whole task
+    [[maybe_unused]] RowLoad<PS, 2> shared_row;
+    bool early = false;
+    if constexpr (has_fast_kernel<PS>) {
+      early = a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
+      if (early) row_load(shared_row, a.sdown, r);
+    }
     float acc;
-    if constexpr (RowDot<PE>::kFast) acc = down_routed_fast<PE>(a, s_idx, s_w, r, xs, seg);
+    if constexpr (kQ8) acc = down_routed_q8(a, s_slots, r, q, sx, bps, fd);
+    else if constexpr (RowDot<PE>::kFast) acc = down_routed_fast<PE>(a, s_slots, r, xs, seg, fd);
     else acc = down_routed_generic<PE>(a, s_idx, s_w, r, xs, seg);
-    if (a.has_shared) {
+    if constexpr (has_fast_kernel<PS>) {
+      if (early) acc = fmaf(row_math(shared_row, a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+    }
+    if (a.has_shared && !early) {
       void const* data[1] = {a.sdown.data};
       void const* scales[1] = {a.sdown.scales};
       std::int64_t rr[1] = {r};
@@ -838,13 +1071,22 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  std::size_t const smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
-  auto kernel = moe_gate_up_kernel<KE, KS, kMinBlocks>;
+  std::size_t smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
   std::int64_t const tasks = std::int64_t(a.top_k) * a.gate.rows + (a.has_shared ? a.sgate.rows : 0);
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, (tasks + kWarps - 1) / kWarps, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
+  auto go = [&](auto kernel) {
+    int blocks = 0;
+    cudaError_t e = persistent_grid(kernel, smem, (tasks + kWarps - 1) / kWarps, blocks);
+    if (e != cudaSuccess) return e;
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
+  };
+  if constexpr (kMoeQ8<PE>) {
+    if (moe_q8_mode() >= 1) {
+      int const nblk = int(a.gate.cols >> 5);
+      smem += std::size_t(q8_slots(nblk)) * sizeof(int2) + std::size_t(nblk) * sizeof(float);
+      return go(moe_gate_up_kernel<KE, KS, kMinBlocks, true>);
+    }
+  }
+  return go(moe_gate_up_kernel<KE, KS, kMinBlocks, false>);
 }
 
 template <int kMinBlocks = kMoeMinBlocks, class KE, class KS>
@@ -854,12 +1096,21 @@ cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, floa
   using PS = policy_of<KS>;
   std::int64_t const seg = round32(staged_elems<PE>(a.down));
   std::int64_t n = seg * a.top_k + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
-  std::size_t const smem = std::size_t(xs_floats(n)) * sizeof(float);
-  auto kernel = moe_down_kernel<KE, KS, kMinBlocks>;
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, (a.down.rows + kWarps - 1) / kWarps, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
+  std::size_t smem = std::size_t(xs_floats(n)) * sizeof(float);
+  auto go = [&](auto kernel) {
+    int blocks = 0;
+    cudaError_t e = persistent_grid(kernel, smem, (a.down.rows + kWarps - 1) / kWarps, blocks);
+    if (e != cudaSuccess) return e;
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
+  };
+  if constexpr (kMoeQ8<PE>) {
+    if (moe_q8_mode() == 2) {
+      int const nblk = int(seg / 32) * a.top_k;
+      smem += std::size_t(q8_slots(nblk)) * sizeof(int2) + std::size_t(nblk) * sizeof(float);
+      return go(moe_down_kernel<KE, KS, kMinBlocks, true>);
+    }
+  }
+  return go(moe_down_kernel<KE, KS, kMinBlocks, false>);
 }
 
 }  // namespace ling::cuda::kernels

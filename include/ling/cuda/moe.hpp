@@ -9,10 +9,18 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "ling/cuda/linear.hpp"
 
 namespace ling::cuda {
+
+// Which launches run MXFP4 experts on int8 dot products (moe.cuh): 1 (default) launch A only, 0 neither, 2 both;
+// from LING_MOE_Q8, read at each launch.
+inline int moe_q8_mode() {
+  char const* e = std::getenv("LING_MOE_Q8");
+  return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
+}
 
 // MXFP4 routed experts for the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of
 // each 64-byte group of a row (4 scale blocks) interleaved by 32-bit word: lane t of a quad then loads word t of

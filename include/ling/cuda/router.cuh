@@ -27,7 +27,6 @@ __device__ inline void router_select(RouterArgs const& a) {
   __shared__ float s_sel[kRouterMaxExperts];
   __shared__ float s_group[kRouterMaxGroups];
   __shared__ unsigned char s_keep[kRouterMaxGroups];
-  __shared__ int s_chosen[kRouterMaxTopK];
   int const E = int(a.w.rows), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float const ninf = __uint_as_float(0xFF800000u);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -59,14 +58,15 @@ __device__ inline void router_select(RouterArgs const& a) {
       if (lane == 0) s_group[g] = gsize >= 2 ? b1 + b2 : b1;
     }
     __syncthreads();
-    if (threadIdx.x == 0) {  // keep the topk_group best groups (ties: lower index)
-      for (int g = 0; g < a.n_group; ++g) s_keep[g] = 0;
-      for (int k = 0; k < a.topk_group; ++k) {
-        int best = -1;
-        for (int g = 0; g < a.n_group; ++g)
-          if (!s_keep[g] && (best < 0 || s_group[g] > s_group[best])) best = g;
-        s_keep[best] = 1;
+    if (threadIdx.x < a.n_group) {  // keep the topk_group best groups (ties: lower index): each group counts its betters
+      int const g = threadIdx.x;
+      float const v = s_group[g];
+      int rank = 0;
+      for (int o = 0; o < a.n_group; ++o) {
+        float const w = s_group[o];
+        rank += (w > v || (w == v && o < g)) ? 1 : 0;
       }
+      s_keep[g] = rank < a.topk_group ? 1 : 0;
     }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x)
@@ -74,7 +74,8 @@ __device__ inline void router_select(RouterArgs const& a) {
     __syncthreads();
   }
   // top-k by one warp (no block barriers): the keys live in registers (lane l holds experts l, l+32, ...), each of
-  // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key.
+  // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key; lane k keeps
+  // the k-th pick.
   if (warp != 0) return;
   int const per = (E + 31) / 32;
   unsigned long long key[kPer];
@@ -83,29 +84,27 @@ __device__ inline void router_select(RouterArgs const& a) {
     int const e = i * 32 + lane;
     key[i] = (i < per && e < E) ? argmax_key(s_sel[e], e) : 0ull;
   }
+  int chosen = 0;
   for (int k = 0; k < a.top_k; ++k) {
     unsigned long long best = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
       if (i < per) best = key[i] > best ? key[i] : best;
-    best = warp_max_u64(best);
+    best = warp_max_u64_fast(best);
 #pragma unroll
     for (int i = 0; i < kPer; ++i)
       if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
-    if (lane == 0) s_chosen[k] = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
   }
-  __syncwarp();
-  if (lane == 0) {
-    float sum = 0.f;
-    for (int k = 0; k < a.top_k; ++k) sum += s_score[s_chosen[k]];
-    for (int k = 0; k < a.top_k; ++k) {
-      float w = s_score[s_chosen[k]];
-      if (a.norm_topk_prob) w /= (sum + 1e-20f);
-      a.idx[k] = s_chosen[k];
-      a.weights[k] = w * a.routed_scaling;
-    }
-    *a.counter = 0u;
+  // weights: the sum in pick order (as the CPU adds them), gathered by shuffles; lane k writes pick k
+  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
+  float sum = 0.f;
+  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
+  if (lane < a.top_k) {
+    a.idx[lane] = chosen;
+    a.weights[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
   }
+  if (lane == 0) *a.counter = 0u;
 }
 
 template <class K>
@@ -136,7 +135,9 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
       r[n] = valid[n] ? t * NR + n : t * NR;
     }
     float acc[NR] = {0.f};
-    RowDot<P>::template lane_dot<NR>(data, scales, r, valid, a.w, xs, acc);
+    // one batch of loads per row: a BF16 row of Ling's 2560 columns is 320 chunks, 10 per lane (the default batch
+    // of 8 made it two serial round trips; each warp has a single row)
+    RowDot<P>::template lane_dot<NR, (RowDot<P>::kFast ? 10 : 1)>(data, scales, r, valid, a.w, xs, acc);
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
       float v = warp_sum(acc[n]) * RowDot<P>::row_scale(a.w.scales, r[n]);
