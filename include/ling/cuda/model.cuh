@@ -566,10 +566,12 @@ class CudaModel {
       a.sg_w = f.sg.data, a.sg_s = f.sg.scales, a.su_w = f.su.data, a.su_s = f.su.scales, a.sdn_w = f.sd.data, a.sdn_s = f.sd.scales;
       a.shared_inter = int(f.sg.rows);
       a.shared_limit = f.shared_limit;
+      ops::RouterArgs ra{};  // outlives ops::moe below, which may read it (fused routing)
       if (f.moe) {
-        ops::RouterArgs ra{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
-                           c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
-        ops::router(st, x_, norm_pa(l.post_norm), f.router, ra);
+        ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
+                             c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
+        bool const fused = !f.mma && ops::fused_router_enabled();
+        ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
         a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
         a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
         a.top_k = int(c.num_experts_per_tok);
@@ -577,6 +579,7 @@ class CudaModel {
         a.routed_mma = f.mma;
         a.inter = int(c.moe_intermediate_size);
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
+        if (fused) a.route = &ra;
         a.limit = f.limit;
       } else {
         a.shared_limit = 0.f;  // the dense MLP has no clamp

@@ -282,7 +282,9 @@ struct RouterArgs {
   unsigned int* counter;     // zero at rest; the last block resets it
 };
 
-inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, ModelMatrix const& w, RouterArgs const& ra) {
+// logits_only: the launch stops at the logits (no counter); MoE launch A then selects (fused routing).
+inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, ModelMatrix const& w, RouterArgs const& ra,
+                   bool logits_only = false) {
   RouterParams p{ra.top_k, ra.n_group, ra.topk_group, ra.scaling, ra.norm_topk_prob};
   can_implement_router(w.rows, p).throw_if_error();
   require(w.format == MatFormat::kBf16 || w.format == MatFormat::kF32 || w.format == MatFormat::kFp8Block, ErrorCode::kUnsupported,
@@ -295,11 +297,21 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
                     std::is_same_v<P, kernels::Unaligned<quant::Fp8Block>>))
       return;
     else {
-    kernels::RouterArgs a{matrix_args(w), ra.bias, ra.logits, ra.counter, ra.sel_idx, ra.sel_w,
+    kernels::RouterArgs a{matrix_args(w), ra.bias, ra.logits, logits_only ? nullptr : ra.counter, ra.sel_idx, ra.sel_w,
                           ra.top_k, ra.n_group, ra.topk_group, ra.scaling, ra.norm_topk_prob ? 1 : 0};
     check(kernels::launch_router_keyed(kernels::make_key<P>(), a, x, pa, st), "router");
     }
   });
+}
+
+
+// LING_FUSED_ROUTER=0 keeps the selection in the router launch's last block (A/B measurements).
+inline bool fused_router_enabled() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_FUSED_ROUTER");
+    return !(e && *e == '0');
+  }();
+  return on;
 }
 
 // ---- fused MoE ------------------------------------------------------------------------------------------------
@@ -315,7 +327,8 @@ struct MoeArgs {
   std::int64_t gu_stride_w = 0, gu_stride_s = 0, dn_stride_w = 0, dn_stride_s = 0;  // bytes per expert
   int experts = 0;                                            // stacked experts (ids are checked against it)
   int top_k = 0, inter = 0;                                   // routed I
-  int const* sel_idx = nullptr; float const* sel_w = nullptr;
+  int* sel_idx = nullptr; float* sel_w = nullptr;            // the picks: read by the launches, or written by A
+  RouterArgs const* route = nullptr;                          // set: launch A selects from route->logits
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
@@ -362,6 +375,13 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.idx = a.sel_idx;
   k.weights = a.sel_w;
+  if (a.route && a.top_k > 0) {
+    require(!a.routed_mma, ErrorCode::kInternal, "moe: fused routing with the tensor-core path");
+    k.route = kernels::RouteSel{a.route->logits, a.route->bias, a.route->experts, a.route->top_k, a.route->n_group,
+                                a.route->topk_group, a.route->norm_topk_prob ? 1 : 0, a.route->scaling};
+    k.sel_idx = a.sel_idx;
+    k.sel_w = a.sel_w;
+  }
   k.top_k = a.top_k;
   k.routed_limit = a.limit;
   k.shared_limit = a.shared_limit;

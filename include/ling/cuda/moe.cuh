@@ -10,6 +10,7 @@
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
+#include "ling/cuda/router.cuh"
 
 namespace ling::cuda::kernels {
 
@@ -40,6 +41,11 @@ struct MoeArgs {
   int top_k;
   int has_shared;
   float routed_limit, shared_limit;
+  // route.logits set: launch A selects the experts itself (every block, from the router logits) instead of reading
+  // idx, and block 0 writes the picks to sel_idx / sel_w, which launch B then reads as idx / weights
+  RouteSel route;
+  int* sel_idx;
+  float* sel_w;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -253,7 +259,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * a.gate.rows, 1);
   pdl_wait();
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
-  stage_idx(s_idx, nullptr, a);
+  if (a.route.logits) {  // the router's selection, here: no last-block handoff in the router launch
+    __shared__ float s_wsel[kMoeMaxTopK];
+    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
+    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
+    __syncthreads();
+    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
+      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
+      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
+    }
+  } else {
+    stage_idx(s_idx, nullptr, a);
+  }
   __syncthreads();
   // int8 path: the limbs and block scales follow the staged floats in shared memory
   int const nblk = int(a.gate.cols >> 5);

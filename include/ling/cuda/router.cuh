@@ -1,7 +1,8 @@
 #pragma once
 // Router kernel (declarations in router.hpp; spec §2 "MoE FFN"). nvcc only.
-// All blocks compute logits (two rows per warp task, like the matvec); the last block to finish (a counter after
-// a fence) does the grouped top-k selection in shared memory and re-arms the counter for the next launch.
+// All blocks compute logits (one row per warp task); the last block to finish (a counter after a fence) does the
+// grouped top-k selection in shared memory and re-arms the counter for the next launch. Without a counter the launch
+// stops at the logits: MoE launch A then selects (router_select_block in every block; fused routing).
 #include <cuda_runtime.h>
 
 #include "ling/cuda/linear.cuh"
@@ -21,13 +22,58 @@ struct RouterArgs {
   int norm_topk_prob;
 };
 
+// What the grouped top-k selection reads: the E router logits (complete in global memory) and the config.
+struct RouteSel {
+  float const* logits = nullptr;  // null: no selection here (the ids come from elsewhere)
+  float const* bias = nullptr;
+  int experts = 0, top_k = 0, n_group = 1, topk_group = 1, norm_topk_prob = 0;
+  float routed_scaling = 1.f;
+};
+
+// The top-k of the selection by one warp, from the block's shared score arrays (s_sel: biased, dropped groups at
+// -inf; s_score: unbiased). Lane k writes pick k and its weight; the weight sum is gathered in pick order (as the
+// CPU adds them).
+template <int kPer>
+__device__ __forceinline__ void router_topk_warp(RouteSel const& a, float const* s_score, float const* s_sel, int* out_idx,
+                                                 float* out_w) {
+  int const E = a.experts, lane = threadIdx.x & 31;
+  int const per = (E + 31) / 32;
+  unsigned long long key[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    int const e = i * 32 + lane;
+    key[i] = (i < per && e < E) ? argmax_key(s_sel[e], e) : 0ull;
+  }
+  int chosen = 0;
+  for (int k = 0; k < a.top_k; ++k) {
+    unsigned long long best = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i < per) best = key[i] > best ? key[i] : best;
+    best = warp_max_u64_fast(best);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
+    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+  }
+  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
+  float sum = 0.f;
+  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
+  if (lane < a.top_k) {
+    out_idx[lane] = chosen;
+    out_w[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
+  }
+}
+
+// The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
+// to out_idx[k] and its weight to out_w[k] (global or shared memory; the caller synchronizes before reading them).
 template <int kPer>  // experts per lane of the top-k warp: E <= 32 * kPer
-__device__ inline void router_select(RouterArgs const& a) {
+__device__ inline void router_select_block(RouteSel const& a, int* out_idx, float* out_w) {
   __shared__ float s_score[kRouterMaxExperts];
   __shared__ float s_sel[kRouterMaxExperts];
   __shared__ float s_group[kRouterMaxGroups];
   __shared__ unsigned char s_keep[kRouterMaxGroups];
-  int const E = int(a.w.rows), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float const ninf = __uint_as_float(0xFF800000u);
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     float const l = __ldcg(a.logits + e);  // written by other blocks: bypass L1
@@ -77,34 +123,7 @@ __device__ inline void router_select(RouterArgs const& a) {
   // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key; lane k keeps
   // the k-th pick.
   if (warp != 0) return;
-  int const per = (E + 31) / 32;
-  unsigned long long key[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    int const e = i * 32 + lane;
-    key[i] = (i < per && e < E) ? argmax_key(s_sel[e], e) : 0ull;
-  }
-  int chosen = 0;
-  for (int k = 0; k < a.top_k; ++k) {
-    unsigned long long best = 0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (i < per) best = key[i] > best ? key[i] : best;
-    best = warp_max_u64_fast(best);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
-    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
-  }
-  // weights: the sum in pick order (as the CPU adds them), gathered by shuffles; lane k writes pick k
-  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
-  float sum = 0.f;
-  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
-  if (lane < a.top_k) {
-    a.idx[lane] = chosen;
-    a.weights[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
-  }
-  if (lane == 0) *a.counter = 0u;
+  router_topk_warp<kPer>(a, s_score, s_sel, out_idx, out_w);
 }
 
 template <class K>
@@ -144,6 +163,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
       if (valid[n] && lane == 0) a.logits[r[n]] = v;
     }
   }
+  if (!a.counter) return;  // logits only: the selection runs in the MoE launch (fused routing)
   __shared__ bool s_last;
   __threadfence();
   __syncthreads();
@@ -151,8 +171,10 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  if (a.w.rows <= 512) router_select<16>(a);  // Ling: 512 experts, 16 keys per lane
-  else router_select<kRouterMaxExperts / 32>(a);
+  RouteSel const sel{a.logits, a.bias, int(a.w.rows), a.top_k, a.n_group, a.topk_group, a.norm_topk_prob, a.routed_scaling};
+  if (a.w.rows <= 512) router_select_block<16>(sel, a.idx, a.weights);  // Ling: 512 experts, 16 keys per lane
+  else router_select_block<kRouterMaxExperts / 32>(sel, a.idx, a.weights);
+  if (threadIdx.x == 0) *a.counter = 0u;  // re-armed for the next launch (no other block reads it any more)
 }
 
 template <class K>
