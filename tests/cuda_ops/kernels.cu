@@ -35,7 +35,6 @@ template cudaError_t launch_matvec_multi_mma<quant::Fp8Block>(std::span<DeviceMa
 template cudaError_t launch_matvec_multi_mma<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>,
                                                             float const*, float*, cudaStream_t);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
-LING_TEST_MOE(Mxfp4Quad, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4QuadMma, quant::Fp8Block)
 LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)
 LING_TEST_MOE(quant::Bf16, quant::Bf16)

@@ -543,60 +543,9 @@ bool moe_shapes_ok(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   return true;
 }
 
-// ---- tensor-core path for Mxfp4Quad experts (int8 MMA, m16n8k32) --------------------------------------------
-// One warp task = a 16-row tile. The input is split per 32-column block into three int8 limbs
-// (x ≈ sx (q0 + q1/254 + q2/254²), error < 1e-7 of the block's max) that form the B operand (n = limb). A: each
-// E2M1 code becomes an int8 (2 × value: 0,1,2,3,4,6,8,12) through one prmt table lookup for 4 codes; negative codes
-// select nothing in the "positive" lookup (prmt's sign mode replicates a byte's msb, 0 here), so a second lookup
-// on the codes with flipped sign bits gives the negative part, multiplied by the limbs of -x into the same int32
-// accumulator. One block (k = 32) per MMA pair, so the block scale is applied right after, in fp32.
-inline constexpr int kLimbs = 3;
-inline constexpr int kQuadUnroll = 2;  // 64-byte groups (4 blocks) per lane per batch of loads
-
-struct LimbView {
-  std::int8_t const* limbs;  // 2*kLimbs arrays of `stride` bytes: limbs of x, then of -x
-  int stride;
-  float const* sx;           // per 32-column block
-};
-
-__device__ __forceinline__ int quad_limb_stride(int n) { return n + 32; }  // +32: the limb arrays in other banks
-
-// limbs of staged xs positions [0, n) (n a multiple of 32); one warp per block
-__device__ __forceinline__ void make_limbs(float const* xs, int n, std::int8_t* limbs, int stride, float* sx) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int b = warp; b < n / 32; b += nwarps) {
-    float const v = xs[xpad(b * 32 + lane)];
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    float const sc = amax > 0.f ? amax / 127.f : 1.f;
-    float const q = v / sc;
-    float const q0 = rintf(q);
-    float const r1 = (q - q0) * 254.f;
-    float const q1 = rintf(r1);
-    float const q2 = rintf((r1 - q1) * 254.f);
-    int const c = b * 32 + lane;
-    limbs[c] = std::int8_t(q0);
-    limbs[stride + c] = std::int8_t(q1);
-    limbs[2 * stride + c] = std::int8_t(q2);
-    limbs[3 * stride + c] = std::int8_t(-q0);
-    limbs[4 * stride + c] = std::int8_t(-q1);
-    limbs[5 * stride + c] = std::int8_t(-q2);
-    if (lane == 0) sx[b] = sc;
-  }
-}
-
-__device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
-  std::uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-  return d;
-}
-__device__ __forceinline__ void mma_s8(int (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
+// ---- Mxfp4Quad rows (moe.hpp): what a lane quad of the tensor-core path reads --------------------------------
+// (The int8 MMA kernels that first used this layout measured 82 µs per MoE step and were removed in session 3; the
+// f16 tensor-core path below keeps the layout.)
 struct QuadRows {
   std::uint8_t const* row_g;   // row r0 + g (Mxfp4Quad layout)
   std::uint8_t const* row_g8;  // row r0 + g + 8
@@ -604,74 +553,6 @@ struct QuadRows {
   std::uint8_t const* sc_g8;
   bool ok_g, ok_g8;
 };
-
-// acc[m][0|1] += rows g | g+8 of matrix m · x over `nblocks` blocks (limb blocks from blk0), times wscale.
-// Lane partials: sum over the 4 lanes of a quad afterwards (quad_sum). Result in units of 2 * kXPre.
-template <int NM>
-__device__ __forceinline__ void quad_dot(QuadRows const (&m)[NM], int nblocks, LimbView const& xl, int blk0, float wscale,
-                                         float (&acc)[NM][2]) {
-  constexpr std::uint32_t kTlo = 0x03020100u, kThi = 0x0C080604u;  // 2 × E2M1 magnitude, codes 0..7
-  int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  float const f0 = t == 0 ? 1.f : (t == 1 ? 1.f / (254.f * 254.f) : 0.f);  // weight of limb n = 2t
-  float const f1 = t == 0 ? 1.f / 254.f : 0.f;                            // weight of limb n = 2t + 1
-  int const ngroups = nblocks / 4;
-  for (int q0 = 0; q0 < ngroups; q0 += kQuadUnroll) {
-    uint4 a[kQuadUnroll][NM][2];
-    std::uint32_t sc[kQuadUnroll][NM][2];
-#pragma unroll
-    for (int uq = 0; uq < kQuadUnroll; ++uq) {
-      int const q = q0 + uq;
-#pragma unroll
-      for (int mm = 0; mm < NM; ++mm) {
-        bool const og = q < ngroups && m[mm].ok_g, og8 = q < ngroups && m[mm].ok_g8;
-        a[uq][mm][0] = og ? ld_stream(m[mm].row_g + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
-        a[uq][mm][1] = og8 ? ld_stream(m[mm].row_g8 + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
-        sc[uq][mm][0] = og ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g + q * 4)) : 0u;
-        sc[uq][mm][1] = og8 ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g8 + q * 4)) : 0u;
-      }
-    }
-#pragma unroll
-    for (int uq = 0; uq < kQuadUnroll; ++uq) {
-      int const q = q0 + uq;
-      if (q >= ngroups) break;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int const lb = blk0 + q * 4 + i;
-        uint2 bp = make_uint2(0, 0), bn = make_uint2(0, 0);
-        if (g < kLimbs) {
-          bp = *reinterpret_cast<uint2 const*>(xl.limbs + g * xl.stride + lb * 32 + 8 * t);
-          bn = *reinterpret_cast<uint2 const*>(xl.limbs + (kLimbs + g) * xl.stride + lb * 32 + 8 * t);
-        }
-        float const sxb = xl.sx[lb] * wscale;
-#pragma unroll
-        for (int mm = 0; mm < NM; ++mm) {
-          std::uint32_t const wg = word(a[uq][mm][0], i), wg8 = word(a[uq][mm][1], i);
-          std::uint32_t const ng = wg ^ 0x88888888u, ng8 = wg8 ^ 0x88888888u;
-          std::uint32_t const ap[4] = {prmt(kTlo, kThi, wg), prmt(kTlo, kThi, wg8), prmt(kTlo, kThi, wg >> 16),
-                                       prmt(kTlo, kThi, wg8 >> 16)};
-          std::uint32_t const an[4] = {prmt(kTlo, kThi, ng), prmt(kTlo, kThi, ng8), prmt(kTlo, kThi, ng >> 16),
-                                       prmt(kTlo, kThi, ng8 >> 16)};
-          int d[4] = {0, 0, 0, 0};
-          mma_s8(d, ap, bp.x, bp.y);
-          mma_s8(d, an, bn.x, bn.y);
-          float const vg = fmaf(float(d[1]), f1, float(d[0]) * f0);
-          float const vg8 = fmaf(float(d[3]), f1, float(d[2]) * f0);
-          // UE8M0 -> 2^(s-127) (0 -> 0 instead of 2^-127, 0xFF -> inf instead of NaN: both out of real data)
-          float const sg = __uint_as_float(((sc[uq][mm][0] >> (8 * i)) & 0xFFu) << 23) * sxb;
-          float const sg8 = __uint_as_float(((sc[uq][mm][1] >> (8 * i)) & 0xFFu) << 23) * sxb;
-          acc[mm][0] = fmaf(sg, vg, acc[mm][0]);
-          acc[mm][1] = fmaf(sg8, vg8, acc[mm][1]);
-        }
-      }
-    }
-  }
-}
-
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-inline constexpr float kQuadPost = 0.5f * kPostPlain;  // table holds 2 × value; input staged × kXPre
 
 __device__ __forceinline__ QuadRows quad_rows(MatrixArgs const& m, int e, std::int64_t r0) {
   int const g = (threadIdx.x & 31) >> 2;
@@ -686,159 +567,6 @@ __device__ __forceinline__ QuadRows quad_rows(MatrixArgs const& m, int e, std::i
   q.sc_g = reinterpret_cast<std::uint8_t const*>(sbase + (q.ok_g ? rg : 0) * nb);
   q.sc_g8 = reinterpret_cast<std::uint8_t const*>(sbase + (q.ok_g8 ? rg8 : 0) * nb);
   return q;
-}
-
-template <class KS>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_quad_kernel(MoeArgs a, float const* __restrict__ u,
-                                                                    InputPrologue pro, float* h) {
-  using PS = policy_of<KS>;
-  extern __shared__ float4 smem_f4[];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ int s_idx[kMoeMaxTopK];
-  int const hidden = int(a.gate.cols);
-  std::int64_t n_stage = hidden;
-  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  int const stride = quad_limb_stride(hidden);
-  auto* limbs = reinterpret_cast<std::int8_t*>(xs + xs_floats(n_stage));
-  auto* sx = reinterpret_cast<float*>(limbs + 2 * kLimbs * stride);
-  pdl_trigger();
-  prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * ((a.gate.rows + 15) / 16), 1);
-  pdl_wait();
-  stage_input(xs, u, hidden, n_stage, pro);
-  stage_idx(s_idx, nullptr, a);
-  __syncthreads();
-  make_limbs(xs, hidden, limbs, stride, sx);
-  __syncthreads();
-  LimbView const xl{limbs, stride, sx};
-
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  std::int64_t const inter = a.gate.rows, tiles = (inter + 15) / 16, routed = std::int64_t(a.top_k) * tiles;
-  std::int64_t const total = routed + (a.has_shared ? a.sgate.rows : 0);
-  for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < total; t += std::int64_t(gridDim.x) * kWarps) {
-    if (t < routed) {
-      int const s = int(t / tiles);
-      std::int64_t const r0 = (t - std::int64_t(s) * tiles) * 16;
-      int const e = s_idx[s];
-      QuadRows const m[2] = {quad_rows(a.gate, e < 0 ? 0 : e, r0), quad_rows(a.up, e < 0 ? 0 : e, r0)};
-      float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-      quad_dot<2>(m, hidden / 32, xl, 0, 1.f, acc);
-      float const gg = quad_sum(acc[0][0]) * kQuadPost, ug = quad_sum(acc[1][0]) * kQuadPost;
-      float const gg8 = quad_sum(acc[0][1]) * kQuadPost, ug8 = quad_sum(acc[1][1]) * kQuadPost;
-      if ((lane & 3) == 0) {
-        float const bad = e < 0 ? __uint_as_float(0x7FC00000u) : 0.f;
-        int const g = lane >> 2;
-        if (m[0].ok_g) h[s * inter + r0 + g] = swiglu(gg, ug, a.routed_limit) + bad;
-        if (m[0].ok_g8) h[s * inter + r0 + g + 8] = swiglu(gg8, ug8, a.routed_limit) + bad;
-      }
-    } else {
-      std::int64_t const r = t - routed;
-      float2 const gu = shared_gate_up_row<PS>(a, xs, r);
-      if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gu.x, gu.y, a.shared_limit);
-    }
-  }
-}
-
-template <class KS>
-__global__ void __launch_bounds__(kThreads) moe_down_quad_kernel(MoeArgs a, float const* __restrict__ h,
-                                                                 float const* residual, float* out) {
-  using PS = policy_of<KS>;
-  extern __shared__ float4 smem_f4[];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ int s_idx[kMoeMaxTopK];
-  __shared__ float s_w[kMoeMaxTopK];
-  __shared__ float s_shared[kWarps][16];
-  int const top_k = a.top_k, seg = int(a.down.cols);  // inter, a multiple of 128
-  std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
-  int const stride = quad_limb_stride(top_k * seg);
-  auto* limbs = reinterpret_cast<std::int8_t*>(xs + xs_floats(n_stage));
-  auto* sx = reinterpret_cast<float*>(limbs + 2 * kLimbs * stride);
-  pdl_trigger();
-  prefetch_shared_down<PS>(a, 16);
-  pdl_wait();
-  stage_down_input<PS>(xs, h, a, seg);
-  stage_idx(s_idx, s_w, a);
-  __syncthreads();
-  make_limbs(xs, top_k * seg, limbs, stride, sx);
-  __syncthreads();
-  LimbView const xl{limbs, stride, sx};
-
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  std::int64_t const hidden = a.down.rows, tiles = (hidden + 15) / 16;
-  int const nb = seg / 32;
-  for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tiles; t += std::int64_t(gridDim.x) * kWarps) {
-    std::int64_t const r0 = t * 16;
-    float acc[1][2] = {{0.f, 0.f}};
-    bool bad = false;
-    for (int s = 0; s < top_k; ++s) {
-      int const e = s_idx[s];
-      bad = bad || e < 0;
-      QuadRows const m[1] = {quad_rows(a.down, e < 0 ? 0 : e, r0)};
-      quad_dot<1>(m, nb, xl, s * nb, s_w[s], acc);
-    }
-    float const vg = quad_sum(acc[0][0]) * kQuadPost, vg8 = quad_sum(acc[0][1]) * kQuadPost;
-    if (a.has_shared) {  // the shared expert's down rows r0..r0+15 (its own policy), two rows per pass
-      for (int rr = 0; rr < 16; rr += 2) {
-        void const* data[2] = {a.sdown.data, a.sdown.data};
-        void const* scales[2] = {a.sdown.scales, a.sdown.scales};
-        std::int64_t r[2] = {r0 + rr, r0 + rr + 1};
-        bool valid[2] = {r[0] < hidden, r[1] < hidden};
-        r[0] = valid[0] ? r[0] : 0;
-        r[1] = valid[1] ? r[1] : 0;
-        float sacc[2] = {0.f, 0.f};
-        RowDot<PS>::template lane_dot<2>(data, scales, r, valid, a.sdown, xs + xpad(top_k * seg), sacc);
-        float const v0 = warp_sum(sacc[0]) * RowDot<PS>::row_scale(a.sdown.scales, r[0]);
-        float const v1 = warp_sum(sacc[1]) * RowDot<PS>::row_scale(a.sdown.scales, r[1]);
-        if (lane == 0) {
-          s_shared[warp][rr] = v0;
-          s_shared[warp][rr + 1] = v1;
-        }
-      }
-      __syncwarp();
-    }
-    if ((lane & 3) == 0) {
-      int const g = lane >> 2;
-      float const nan = bad ? __uint_as_float(0x7FC00000u) : 0.f;
-      std::int64_t const rg = r0 + g, rg8 = r0 + g + 8;
-      if (rg < hidden) out[rg] = (residual ? residual[rg] : 0.f) + vg + (a.has_shared ? s_shared[warp][g] : 0.f) + nan;
-      if (rg8 < hidden)
-        out[rg8] = (residual ? residual[rg8] : 0.f) + vg8 + (a.has_shared ? s_shared[warp][g + 8] : 0.f) + nan;
-    }
-    __syncwarp();
-  }
-}
-
-inline std::size_t quad_smem(std::int64_t n_stage, int n_limb) {
-  return std::size_t(xs_floats(n_stage)) * sizeof(float) + std::size_t(2 * kLimbs) * std::size_t(n_limb + 32) +
-         std::size_t(n_limb / 32) * sizeof(float) + 16;
-}
-
-template <class KS>
-cudaError_t launch_moe_quad_gate_up(KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
-                                    cudaStream_t stream) {
-  using PS = policy_of<KS>;
-  std::int64_t n_stage = a.gate.cols;
-  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  std::size_t const smem = quad_smem(n_stage, int(a.gate.cols));
-  auto kernel = moe_gate_up_quad_kernel<KS>;
-  std::int64_t const tasks = std::int64_t(a.top_k) * ((a.gate.rows + 15) / 16) + (a.has_shared ? a.sgate.rows : 0);
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, (tasks + kWarps - 1) / kWarps, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
-}
-
-template <class KS>
-cudaError_t launch_moe_quad_down(KS, MoeArgs const& a, float const* h, float const* residual, float* out,
-                                 cudaStream_t stream) {
-  using PS = policy_of<KS>;
-  int const n_limb = a.top_k * int(a.down.cols);
-  std::int64_t const n_stage = n_limb + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
-  std::size_t const smem = quad_smem(n_stage, n_limb);
-  auto kernel = moe_down_quad_kernel<KS>;
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, ((a.down.rows + 15) / 16 + kWarps - 1) / kWarps, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
 // ---- f16 tensor-core path for Mxfp4QuadMma experts (mma.sync.m16n8k16, layouts in cuda/mma_layout.hpp) --------
@@ -1141,8 +869,6 @@ cudaError_t launch_moe_gate_up(MoeWeights<PE, PS> const& w, MoeStep const& step,
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
   if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
     return launch_moe_mma_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
-  else if constexpr (std::is_same_v<PE, Mxfp4Quad>)
-    return launch_moe_quad_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
   else
     return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
 }
@@ -1154,8 +880,6 @@ cudaError_t launch_moe_down(MoeWeights<PE, PS> const& w, MoeStep const& step, fl
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
   if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
     return launch_moe_mma_down(make_key<PS>(), moe_args(w, step), h, residual, out, stream);
-  else if constexpr (std::is_same_v<PE, Mxfp4Quad>)
-    return launch_moe_quad_down(make_key<PS>(), moe_args(w, step), h, residual, out, stream);
   else
     return launch_moe_down_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), h, residual, out, stream);
 }

@@ -22,10 +22,10 @@ inline int moe_q8_mode() {
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
 }
 
-// MXFP4 routed experts for the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of
-// each 64-byte group of a row (4 scale blocks) interleaved by 32-bit word: lane t of a quad then loads word t of
-// all 4 blocks with one 16-byte load, which is exactly its int8 MMA fragment (m16n8k32: 8 codes of one block per
-// row per lane). Needs cols % 128 == 0 (Ling: 2560, 768). Only the MoE launchers accept it.
+// The row layout of the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of each
+// 64-byte group of a row (4 scale blocks) interleaved by 32-bit word, so lane t of a quad loads word t of all 4
+// blocks with one 16-byte load (its MMA fragments). Needs cols % 128 == 0 (Ling: 2560, 768). Run through
+// Mxfp4QuadMma (below); the int8 MMA kernels that first used it (82 µs per MoE step) were removed in session 3.
 struct Mxfp4Quad : quant::Mxfp4 {};
 template <> struct DeviceLayout<Mxfp4Quad> {
   static constexpr bool kFast = true;
