@@ -76,6 +76,12 @@ __device__ __forceinline__ void stage(float* xs, std::int64_t n_stage, Src src) 
 __device__ __forceinline__ void stage_x(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
   stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
 }
+// x[c..c+4) of a 16-byte-aligned x of nn elements (c a multiple of 4), zeros past the end.
+__device__ __forceinline__ float4 ld_x4(float const* __restrict__ x, int c, int nn) {
+  if (c + 3 < nn) return __ldg(reinterpret_cast<float4 const*>(x + c));
+  return make_float4(c < nn ? x[c] : 0.f, c + 1 < nn ? x[c + 1] : 0.f, c + 2 < nn ? x[c + 2] : 0.f,
+                     c + 3 < nn ? x[c + 3] : 0.f);
+}
 // Stages x[0..n), zero-filled up to n_stage, four elements per load when x is 16-byte aligned (the input of a
 // launch is usually a whole workspace buffer): a straight copy, no per-element index arithmetic.
 __device__ __forceinline__ void stage_x4(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
@@ -90,14 +96,7 @@ __device__ __forceinline__ void stage_x4(float* xs, float const* __restrict__ x,
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
       int const c = 4 * (base + i * int(blockDim.x));
-      if (c + 3 < nn) {
-        v[i] = __ldg(reinterpret_cast<float4 const*>(x + c));
-      } else {
-        v[i].x = c < nn ? x[c] : 0.f;
-        v[i].y = c + 1 < nn ? x[c + 1] : 0.f;
-        v[i].z = c + 2 < nn ? x[c + 2] : 0.f;
-        v[i].w = c + 3 < nn ? x[c + 3] : 0.f;
-      }
+      v[i] = ld_x4(x, c, nn);
     }
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
@@ -150,14 +149,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
         int const c = 4 * (base + i * int(blockDim.x));
-        if (c + 3 < nn) {
-          v[i] = __ldg(reinterpret_cast<float4 const*>(x + c));
-        } else {
-          v[i].x = c < nn ? x[c] : 0.f;
-          v[i].y = c + 1 < nn ? x[c + 1] : 0.f;
-          v[i].z = c + 2 < nn ? x[c + 2] : 0.f;
-          v[i].w = c + 3 < nn ? x[c + 3] : 0.f;
-        }
+        v[i] = ld_x4(x, c, nn);
       }
 #pragma unroll
       for (int i = 0; i < kB; ++i) {
