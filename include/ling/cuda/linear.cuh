@@ -82,6 +82,26 @@ __device__ __forceinline__ float4 ld_x4(float const* __restrict__ x, int c, int 
   return make_float4(c < nn ? x[c] : 0.f, c + 1 < nn ? x[c + 1] : 0.f, c + 2 < nn ? x[c + 2] : 0.f,
                      c + 3 < nn ? x[c + 3] : 0.f);
 }
+// Stages x[0..nn) (16-byte aligned) into xs times `pre`, zero-filled up to `end` (a multiple of 32), kB float4 loads
+// in flight per thread; returns this thread's Σ x² (the RMSNorm prologue's statistic; unused results cost nothing).
+template <int kB>
+__device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, int nn, int end, float pre) {
+  float ss = 0.f;
+  for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
+    float4 v[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) v[i] = ld_x4(x, 4 * (base + i * int(blockDim.x)), nn);
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      if (c < end) {
+        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * pre, v[i].y * pre, v[i].z * pre, v[i].w * pre);
+        ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
+      }
+    }
+  }
+  return ss;
+}
 // Stages x[0..n), zero-filled up to n_stage, four elements per load when x is 16-byte aligned (the input of a
 // launch is usually a whole workspace buffer): a straight copy, no per-element index arithmetic.
 __device__ __forceinline__ void stage_x4(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage) {
@@ -89,22 +109,7 @@ __device__ __forceinline__ void stage_x4(float* xs, float const* __restrict__ x,
     stage(xs, n_stage, [=](int c) { return c < n ? x[c] : 0.f; });
     return;
   }
-  constexpr int kB = 8;  // float4 loads in flight per thread
-  int const end4 = int(round32(n_stage)) / 4, nn = int(n);
-  for (int base = threadIdx.x; base < end4; base += blockDim.x * kB) {
-    float4 v[kB];
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      int const c = 4 * (base + i * int(blockDim.x));
-      v[i] = ld_x4(x, c, nn);
-    }
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      int const c = 4 * (base + i * int(blockDim.x));
-      if (c < 4 * end4)
-        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * kXPre, v[i].y * kXPre, v[i].z * kXPre, v[i].w * kXPre);
-    }
-  }
+  stage4<8>(xs, x, int(n), int(round32(n_stage)), kXPre);
 }
 
 // q / d without a division instruction: one multiply-high by m = ceil(2^32 / d), exact whenever q * d < 2^32
@@ -142,24 +147,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
   float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
   float ss = 0.f;
   if ((reinterpret_cast<std::uintptr_t>(x) & 15) == 0) {  // four elements per load (the usual case)
-    constexpr int kB = 4;
-    int const end4 = end / 4;
-    for (int base = threadIdx.x; base < end4; base += blockDim.x * kB) {
-      float4 v[kB];
-#pragma unroll
-      for (int i = 0; i < kB; ++i) {
-        int const c = 4 * (base + i * int(blockDim.x));
-        v[i] = ld_x4(x, c, nn);
-      }
-#pragma unroll
-      for (int i = 0; i < kB; ++i) {
-        int const c = 4 * (base + i * int(blockDim.x));
-        if (c < end) {
-          *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * pre, v[i].y * pre, v[i].z * pre, v[i].w * pre);
-          ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
-        }
-      }
-    }
+    ss = stage4<4>(xs, x, nn, end, pre);
   } else {
     for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
       float v[kStageBatch];
