@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -229,20 +230,6 @@ void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_onl
   });
 }
 
-// Tuning variants: the same MoE step with a register budget that allows kMinG / kMinD resident blocks per SM.
-template <class PE, class PS, int kMinG, int kMinD>
-void BM_MoeStepTuned(benchmark::State& state, int layers, int steps) {
-  MoeBench<PE, PS> b(layers, steps);
-  run_graph(state, steps, double(b.w[0].bytes_per_token(MoeBench<PE, PS>::kTopK)), [&](int i, cudaStream_t s) {
-    kernels::MoeArgs a = kernels::moe_args(b.layer(i), b.step(i));
-    auto ke = kernels::make_key<PE>();
-    auto ks = kernels::make_key<PS>();
-    cudaError_t e = kernels::launch_moe_gate_up_keyed<kMinG>(ke, ks, a, b.u.p(), InputPrologue{}, b.h.p(), s);
-    if (e != cudaSuccess) return e;
-    return kernels::launch_moe_down_keyed<kMinD>(ke, ks, a, b.h.p(), b.hid.p(), b.hid.p(), s);
-  });
-}
-
 // Tuning variants of the fused projections: kNR rows per warp task, kMinB resident blocks per SM.
 template <class P, int kNR, int kMinB>
 void BM_MatvecMultiTuned(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols) {
@@ -357,21 +344,36 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
-  // the same three on the fp32 decoder (LING_MOE_Q8=0) instead of the int8 path
-  for (int part = 0; part < 3; ++part) {
-    static char const* const names[] = {"moe_step_8of512_mxfp4_fp32dec+shared_fp8", "moe_gate_up_8of512_mxfp4_fp32dec+shared",
-                                        "moe_down_8of512_mxfp4_fp32dec+shared"};
-    reg(names[part], [part](benchmark::State& s) {
-      setenv("LING_MOE_Q8", "0", 1);
-      BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, part == 1, part == 2);
-      unsetenv("LING_MOE_Q8");
-    });
+  // A/B variants of the same three (moe.cuh reads these at each launch): the register-streaming kernels in both launches,
+  // both launches streamed (cp.async), the same with 8 warps instead of 16 per block, and with int8 in launch B too, the
+  // fp32 decoder (register kernels)
+  struct MoeVariant {
+    char const* suffix;
+    char const* env[2][2];
+  };
+  static MoeVariant const variants[] = {{"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
+                                        {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},
+                                        {"_stream8", {{"LING_MOE_STREAM_WARPS", "8"}, {"LING_MOE_STREAM", "2"}}},
+                                        {"_q8both", {{"LING_MOE_Q8", "2"}, {"LING_MOE_STREAM", "2"}}},
+                                        {"_fp32dec", {{"LING_MOE_Q8", "0"}, {"LING_MOE_STREAM", "0"}}}};
+  for (MoeVariant const& v : variants) {
+    for (int part = 0; part < 3; ++part) {
+      static char const* const names[] = {"moe_step_8of512_mxfp4+shared_fp8", "moe_gate_up_8of512_mxfp4+shared",
+                                          "moe_down_8of512_mxfp4+shared"};
+      static std::deque<std::string> kept;  // reg keeps the name's pointer
+      kept.push_back(std::string(names[part]) + v.suffix);
+      reg(kept.back().c_str(), [part, &v](benchmark::State& s) {
+        for (auto const& kv : v.env)
+          if (kv[0]) setenv(kv[0], kv[1], 1);
+        BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, part == 1, part == 2);
+        for (auto const& kv : v.env)
+          if (kv[0]) unsetenv(kv[0]);
+      });
+    }
   }
   reg("moe_step_8of512_mxfp4quad_f16mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, true); });
-  reg("moe_step_mxfp4_min2_min2", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 2>(s, 4, 40); });
-  reg("moe_step_mxfp4_min2_min4", [](benchmark::State& s) { BM_MoeStepTuned<Mxfp4, Fp8Block, 2, 4>(s, 4, 40); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
   reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });
   reg("lm_head_[157184,2560]_bf16_argmax", [](benchmark::State& s) { BM_LmHead<Bf16>(s); });

@@ -138,6 +138,32 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
   unsetenv("LING_MOE_Q8");
 }
 
+// The streamed kernels (per-warp cp.async rings in shared memory; moe.cuh) run Ling's formats by default; the same cases
+// run with 8 and 16 warps per block, launch B streamed too, and on the register-streaming kernels. Shapes: a shared
+// expert with an odd row count (37), 20 experts per down tile (top_k 20), rows of 12 and 80 chunks (one and two rows
+// per warp at a time), fewer tiles than SMs.
+TEST_CASE("moe: streamed kernels at odd shapes, 8 and 16 warps per block, and the register kernels") {
+  LING_REQUIRE_GPU();
+  for (char const* stream : {"2", "1", "0"}) {  // both launches streamed, launch A only (default), neither
+    for (char const* warps : {"8", "16"}) {
+      for (char const* q8 : {"1", "2"}) {
+        CAPTURE(stream);
+        CAPTURE(warps);
+        CAPTURE(q8);
+        setenv("LING_MOE_STREAM", stream, 1);
+        setenv("LING_MOE_STREAM_WARPS", warps, 1);
+        setenv("LING_MOE_Q8", q8, 1);
+        check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
+        check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
+        check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
+      }
+    }
+  }
+  unsetenv("LING_MOE_STREAM");
+  unsetenv("LING_MOE_STREAM_WARPS");
+  unsetenv("LING_MOE_Q8");
+}
+
 TEST_CASE("moe: f16 tensor-core path (Mxfp4QuadMma) against the same reference") {
   LING_REQUIRE_GPU();
   check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(256, 128, 72, 16, 4, 4.0f, 5.0f);
@@ -155,6 +181,59 @@ TEST_CASE("moe: FP8-block and BF16 experts with odd shapes") {
 TEST_CASE("moe: a policy defined in the test runs through the generic kernels") {
   LING_REQUIRE_GPU();
   check_moe<test::Int8Row, quant::Bf16>(130, 50, 20, 6, 2, 4.0f, 0.f);
+}
+
+// An expert id out of range never reads outside the expert arrays: its slot's gate/up outputs and every output of the
+// down launch are NaN (streamed and register kernels).
+TEST_CASE("moe: an out-of-range expert id turns its outputs NaN") {
+  LING_REQUIRE_GPU();
+  std::int64_t const hidden = 256, inter = 64;
+  int const experts = 4, top_k = 2;
+  std::vector<HostMatrix<quant::Mxfp4>> g, u, d;
+  std::vector<quant::MatrixView<quant::Mxfp4>> gv, uv, dv;
+  for (int e = 0; e < experts; ++e) {
+    g.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
+    u.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
+    d.push_back(random_matrix<quant::Mxfp4>(hidden, inter, 0.05f));
+  }
+  for (int e = 0; e < experts; ++e) {
+    gv.push_back(g[std::size_t(e)].view());
+    uv.push_back(u[std::size_t(e)].view());
+    dv.push_back(d[std::size_t(e)].view());
+  }
+  cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> w;
+  w.gate = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(gv);
+  w.up = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(uv);
+  w.down = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(dv);
+  auto sg = random_matrix<quant::Fp8Block>(64, hidden, 0.05f), su = random_matrix<quant::Fp8Block>(64, hidden, 0.05f);
+  auto sd = random_matrix<quant::Fp8Block>(hidden, 64, 0.05f);
+  w.shared_gate = cuda::DeviceMatrix<quant::Fp8Block>::upload(sg.view());
+  w.shared_up = cuda::DeviceMatrix<quant::Fp8Block>::upload(su.view());
+  w.shared_down = cuda::DeviceMatrix<quant::Fp8Block>::upload(sd.view());
+  for (char const* stream : {"2", "0"}) {
+    CAPTURE(stream);
+    setenv("LING_MOE_STREAM", stream, 1);
+    std::vector<int> ids = {2, 1000};
+    std::vector<float> wts = {0.5f, 0.5f};
+    auto x = randn(static_cast<std::size_t>(hidden));
+    cuda::DeviceBuffer didx(ids.size() * sizeof(int));
+    didx.upload(ids.data(), ids.size() * sizeof(int));
+    DeviceVec dw(wts), dx(x), dh(static_cast<std::size_t>(w.h_elements(top_k))), dout(static_cast<std::size_t>(hidden));
+    cuda::MoeStep step{didx.data<int>(), dw.data(), top_k, 0.f, 0.f};
+    REQUIRE(cuda::launch_moe(w, step, dx.data(), dh.data(), nullptr, dout.data(), nullptr) == cudaSuccess);
+    device_sync();
+    auto h = dh.get();
+    int finite_good = 0, finite_bad = 0, finite_shared = 0;
+    for (std::size_t i = 0; i < std::size_t(inter); ++i) finite_good += std::isfinite(h[i]) ? 1 : 0;
+    for (std::size_t i = std::size_t(inter); i < std::size_t(2 * inter); ++i) finite_bad += std::isfinite(h[i]) ? 1 : 0;
+    for (std::size_t i = std::size_t(2 * inter); i < h.size(); ++i) finite_shared += std::isfinite(h[i]) ? 1 : 0;
+    CHECK(finite_good == inter);
+    CHECK(finite_bad == 0);
+    CHECK(finite_shared == 64);
+    auto o = dout.get();
+    CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
+  }
+  unsetenv("LING_MOE_STREAM");
 }
 
 // The int8 path must not turn a non-finite activation into a finite value: a NaN in one 32-block of x makes that

@@ -5,8 +5,11 @@
 // Launch B: one warp task = output row r: lanes own the 16-byte chunks of the concatenated down rows of all top_k
 //   experts (so all their loads are in flight together), each chunk weighted by its expert's routing weight; then
 //   the shared expert's down row; one warp sum; plus the residual.
+// Those are the register-streaming kernels (any policy). MXFP4 experts with an FP8-block shared expert run launch A on
+// the streamed kernel instead (section "streamed MoE": per-warp cp.async rings in shared memory), launch B optionally.
 #include <cuda_runtime.h>
 
+#include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
@@ -806,6 +809,427 @@ cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float cons
   return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
+// ---- streamed MoE: each warp copies its next tiles into shared memory (cp.async; async_copy.cuh) ---------------------
+// One block per SM of kW warps. The block's tiles (a tile: a few rows of every matrix it needs, plus the span of their
+// scales) are dealt to its warps round robin; each warp keeps a private ring of `stages` tile buffers, issues the
+// copies of its first `stages` tiles at once, and then for each tile waits for its own copies (one commit group per
+// tile), decodes it from shared memory, and reuses the buffer for its next tile. No block-wide synchronization after
+// the prologue, and the weight bytes in flight do not depend on registers: at Ling's shapes every tile of a block is
+// requested before the first one is decoded. What depends on no earlier kernel (the shared expert's rows) is copied
+// before the PDL wait.
+inline constexpr int kStreamMaxStages = 4;
+inline constexpr int kStreamRowsA = 2;        // routed gate/up row pairs per tile (MXFP4: 5 KB at hidden 2560)
+inline constexpr int kStreamSharedRowsA = 1;  // shared-expert row pairs per tile (FP8: the same 5 KB)
+inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all top_k experts' rows + the shared one)
+
+struct StreamPlan {
+  int stages = 0, stage_bytes = 0, prologue_bytes = 0;  // per warp: stages buffers of stage_bytes
+  int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
+  int tiles_per_slot = 0, shared_tiles = 0, tiles = 0;
+  int slot_bytes = 0;                                   // launch B: one routed slot's region of a buffer
+};
+
+__device__ __forceinline__ std::uint32_t addr_skew(void const* p) {
+  return std::uint32_t(reinterpret_cast<std::uintptr_t>(p) & 15);
+}
+// Tiles of this block (tile k of the block is b + k * gridDim).
+__device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
+  int const b = int(blockIdx.x), g = int(gridDim.x);
+  return b < sp.tiles ? (sp.tiles - 1 - b) / g + 1 : 0;
+}
+
+// Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
+// (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
+template <int kW>
+__global__ void __launch_bounds__(kW * 32, 1)
+    moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
+  extern __shared__ float4 smem_f4[];
+  __shared__ int s_idx[kMoeMaxTopK];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  int const cols = int(a.gate.cols), nblk = cols >> 5;
+  std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
+  int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // this warp's tiles: k = warp + m kW
+  unsigned char* const ring = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes +
+                              std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
+  int const R = sp.rows, R2 = sp.srows, ncb = (cols + 127) >> 7;
+  std::int64_t const rb = a.gate.ld, srb = a.has_shared ? a.sgate.ld : 0;  // bytes per row (uint8 storage)
+  std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
+  std::int64_t const scap = span16_cap(std::int64_t(R) * nblk), sscap = span16_cap(std::int64_t(ncb) * 4);
+  auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
+  // the copies of this warp's m-th tile into buffer m % D (uncommitted)
+  auto issue = [&](int m) {
+    int const t = tile_of(m);
+    unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
+    if (t < sp.shared_tiles) {
+      std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
+      std::int64_t const so = (r0 >> 7) * ncb * 4;
+      warp_copy(dst, span16(static_cast<char const*>(a.sgate.data) + r0 * srb, nr * srb));
+      warp_copy(dst + R2 * srb, span16(static_cast<char const*>(a.sup.data) + r0 * srb, nr * srb));
+      warp_copy(dst + 2 * R2 * srb, span16(static_cast<char const*>(a.sgate.scales) + so, std::int64_t(ncb) * 4));
+      warp_copy(dst + 2 * R2 * srb + sscap, span16(static_cast<char const*>(a.sup.scales) + so, std::int64_t(ncb) * 4));
+    } else {
+      int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
+      std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
+      int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
+      warp_copy(dst, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb, nr * rb));
+      warp_copy(dst + R * rb, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb, nr * rb));
+      warp_copy(dst + 2 * R * rb, span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk, nr * nblk));
+      warp_copy(dst + 2 * R * rb + scap,
+                span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk, nr * nblk));
+    }
+  };
+
+  pdl_trigger();
+  // before the wait: this warp's leading shared-expert tiles (their commit groups are closed below, in tile order)
+  int pre = 0;
+  while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) issue(pre++);
+  pdl_wait();
+  stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  if (a.route.logits) {
+    __shared__ float s_wsel[kMoeMaxTopK];
+    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
+    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
+    __syncthreads();
+    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
+      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
+      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
+    }
+  } else {
+    stage_idx(s_idx, nullptr, a);
+  }
+  __syncthreads();
+  // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
+  for (int m = 0; m < D; ++m) {
+    if (m >= pre && m < mine) issue(m);
+    cp_async_commit();
+  }
+  stage_q8(q, sx, xs, nblk, kXPre);
+  __syncthreads();
+
+  // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
+  int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
+  for (int m = 0; m < mine; ++m) {
+    cp_async_wait(D - 1);  // groups 0..m have landed (one group is committed per iteration)
+    __syncwarp();
+    int const t = tile_of(m);
+    unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
+    if (t < sp.shared_tiles) {
+      std::int64_t const r0 = std::int64_t(t) * R2;
+      int const nr = int(sinter - r0 < R2 ? sinter - r0 : R2), nc = int(srb / 16);
+      std::int64_t const so = (r0 >> 7) * ncb * 4;
+      float const* gsc = reinterpret_cast<float const*>(base + 2 * R2 * srb + addr_skew(static_cast<char const*>(a.sgate.scales) + so));
+      float const* usc = reinterpret_cast<float const*>(base + 2 * R2 * srb + sscap + addr_skew(static_cast<char const*>(a.sup.scales) + so));
+      for (int i = 0; i < nr; ++i) {
+        uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * srb);
+        uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R2 + i) * srb);
+        float ag = 0.f, au = 0.f;
+        for (int j = lane; j < nc; j += 32) {
+          uint4 const v[2] = {gr[j], ur[j]};
+          float d[2];
+          Fp8Dot::dot<2>(v, xs + xpad(j * 16), d);
+          ag = fmaf(gsc[j >> 3], d[0], ag);
+          au = fmaf(usc[j >> 3], d[1], au);
+        }
+        float const g = warp_sum(ag) * kPostPlain, v = warp_sum(au) * kPostPlain;
+        if (lane == 0) h[std::int64_t(a.top_k) * inter + r0 + i] = swiglu(g, v, a.shared_limit);
+      }
+    } else {
+      int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
+      std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
+      int const nr = int(inter - r0 < R ? inter - r0 : R);
+      int const e = s_idx[s], ee = e < 0 ? 0 : e;
+      std::uint8_t const* gsc =
+          base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
+      std::uint8_t const* usc = base + 2 * R * rb + scap +
+                                addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
+      for (int i0 = 0; i0 < nr; i0 += 32 / L) {
+        int const i = i0 + sub;
+        float ag = 0.f, au = 0.f;
+        if (i < nr) {
+          uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
+          uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
+          for (int j = sl; j < nblk; j += L) {
+            uint4 const v[2] = {gr[j], ur[j]};
+            int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
+            q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
+            float const xsc = sx[j];
+            ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
+            au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
+          }
+        }
+        for (int o = L >> 1; o > 0; o >>= 1) {
+          ag += __shfl_xor_sync(0xffffffffu, ag, o);
+          au += __shfl_xor_sync(0xffffffffu, au, o);
+        }
+        if (i < nr && sl == 0)
+          h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
+      }
+    }
+    __syncwarp();  // every lane has read the buffer before it is refilled
+    if (m + D < mine) issue(m + D);
+    cp_async_commit();
+  }
+  cp_async_wait(0);
+}
+
+// Launch B streamed: tile = `rows` output rows; a buffer holds those rows of each slot's down matrix (slot_bytes apart:
+// rows, then the span of their scales) and of the shared expert's. The shared rows are copied before the PDL wait.
+template <int kW, bool kQ8>
+__global__ void __launch_bounds__(kW * 32, 1)
+    moe_down_stream_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out, StreamPlan sp) {
+  extern __shared__ float4 smem_f4[];
+  __shared__ int s_idx[kMoeMaxTopK], s_ids[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK];
+  __shared__ std::uint32_t s_skew[kMoeMaxTopK];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  int const top_k = a.top_k, C = int(a.down.cols >> 5), seg = C * 32;  // chunks (= scale blocks) per routed row
+  std::int64_t const rb = a.down.ld, srb = a.has_shared ? a.sdown.ld : 0;
+  int const sncb = a.has_shared ? int((a.sdown.cols + 127) >> 7) : 0;
+  std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(srb) : 0);
+  int const bps = C, nblk = top_k * bps;
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
+  int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;
+  unsigned char* const ring = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes +
+                              std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
+  int const R = sp.rows;
+  std::int64_t const hidden = a.down.rows;
+  std::int64_t const sh_off = std::int64_t(top_k) * sp.slot_bytes;  // the shared expert's region of a buffer
+  auto row0 = [&](int m) { return std::int64_t(b + (warp + m * kW) * G) * R; };
+  auto issue_shared = [&](int m) {
+    if (!a.has_shared) return;
+    std::int64_t const r0 = row0(m), nr = hidden - r0 < R ? hidden - r0 : R;
+    unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes) + sh_off;
+    warp_copy(dst, span16(static_cast<char const*>(a.sdown.data) + r0 * srb, nr * srb));
+    warp_copy(dst + R * srb, span16(static_cast<char const*>(a.sdown.scales) + (r0 >> 7) * sncb * 4, std::int64_t(sncb) * 4));
+  };
+  auto issue_routed = [&](int m) {
+    std::int64_t const r0 = row0(m), nr = hidden - r0 < R ? hidden - r0 : R;
+    unsigned char* const buf = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
+    for (int s = 0; s < top_k; ++s) {
+      int const e = s_ids[s];
+      unsigned char* dst = buf + std::int64_t(s) * sp.slot_bytes;
+      warp_copy(dst, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + r0 * rb, nr * rb));
+      warp_copy(dst + R * rb, span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.down, e)) + r0 * C, nr * C));
+    }
+  };
+
+  pdl_trigger();
+  for (int m = 0; m < mine && m < D; ++m) issue_shared(m);
+  pdl_wait();
+  for (int s = int(threadIdx.x); s < top_k; s += int(blockDim.x)) {
+    int const e = a.idx[s];
+    bool const ok = e >= 0 && e < a.down.count;
+    s_idx[s] = ok ? e : -1;
+    s_ids[s] = ok ? e : 0;  // what the copies read (a bad id: expert 0, and the outputs turn NaN)
+    s_w[s] = a.weights[s];
+    s_skew[s] = addr_skew(batch_scales<quant::Mxfp4>(a.down, ok ? e : 0));
+  }
+  __syncthreads();
+  for (int m = 0; m < D; ++m) {
+    if (m < mine) issue_routed(m);
+    cp_async_commit();
+  }
+  if (seg == a.down.cols)
+    stage_x4(xs, h, std::int64_t(top_k) * a.down.cols + (a.has_shared ? a.sdown.cols : 0), n_stage);
+  else
+    stage_down_input<quant::Fp8Block>(xs, h, a, seg);
+  __syncthreads();
+  if constexpr (kQ8) {
+    stage_q8(q, sx, xs, nblk, kXPre);
+    __syncthreads();
+  }
+
+  bool bad = false;
+  for (int s = 0; s < top_k; ++s) bad = bad || s_idx[s] < 0;
+  FastDiv const fd(std::uint32_t(C), std::uint64_t(top_k) * std::uint64_t(C) + 32u * 4u);
+  float const* const xs_sh = xs + xpad(top_k * seg);
+  constexpr int kU = 4;
+  for (int m = 0; m < mine; ++m) {
+    cp_async_wait(D - 1);
+    __syncwarp();
+    std::int64_t const r0 = row0(m);
+    int const nr = int(hidden - r0 < R ? hidden - r0 : R);
+    unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
+    float const* ssc = a.has_shared ? reinterpret_cast<float const*>(
+                                          base + sh_off + R * srb +
+                                          addr_skew(static_cast<char const*>(a.sdown.scales) + (r0 >> 7) * sncb * 4))
+                                    : nullptr;
+    std::uint32_t const r0c = std::uint32_t(r0 * C);
+    for (int i = 0; i < nr; ++i) {
+      float acc = 0.f;
+      int const nq = top_k * C;
+      for (int q0 = lane; q0 < nq; q0 += 32 * kU) {
+        uint4 v[kU][1];
+        float sc[kU];
+        int xo[kU];
+#pragma unroll
+        for (int uu = 0; uu < kU; ++uu) {
+          int const qq = q0 + 32 * uu < nq ? q0 + 32 * uu : 0;
+          int const s = int(fd.div(std::uint32_t(qq))), j = qq - s * C;
+          unsigned char const* sb = base + std::int64_t(s) * sp.slot_bytes;
+          v[uu][0] = *reinterpret_cast<uint4 const*>(sb + i * rb + j * 16);
+          sc[uu] = ue8m0_float(sb[R * rb + ((s_skew[s] + r0c) & 15u) + i * C + j]) * s_w[s];
+          xo[uu] = kQ8 ? s * bps + j : xpad(s * seg + j * 32);
+        }
+#pragma unroll
+        for (int uu = 0; uu < kU; ++uu) {
+          if (q0 + 32 * uu < nq) {
+            if constexpr (kQ8) {
+              int ap[1] = {0}, an[1] = {0}, bp[1] = {0}, bn[1] = {0};
+              q8_chunk<1>(v[uu], q + q8_slot(8 * xo[uu]), ap, an, bp, bn);
+              acc = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), sc[uu] * sx[xo[uu]], acc);
+            } else {
+              float d[1];
+              Mxfp4DotBits::dot<1>(v[uu], xs + xo[uu], d);
+              acc = fmaf(sc[uu], d[0], acc);
+            }
+          }
+        }
+      }
+      if constexpr (!kQ8) acc *= Mxfp4DotBits::kPost;
+      if (a.has_shared) {
+        float sacc = 0.f;
+        uint4 const* sr = reinterpret_cast<uint4 const*>(base + sh_off + i * srb);
+        for (int j = lane; j < int(srb / 16); j += 32) {
+          uint4 const v[1] = {sr[j]};
+          float d[1];
+          Fp8Dot::dot<1>(v, xs_sh + xpad(j * 16), d);
+          sacc = fmaf(ssc[j >> 3], d[0], sacc);
+        }
+        acc = fmaf(sacc, kPostPlain, acc);
+      }
+      float const v = warp_sum(acc);
+      if (lane == 0) out[r0 + i] = (residual ? residual[r0 + i] : 0.f) + (bad ? __uint_as_float(0x7FC00000u) : v);
+    }
+    __syncwarp();
+    if (m + D < mine) {
+      issue_shared(m + D);
+      issue_routed(m + D);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait(0);
+}
+
+// Which launches run streamed (LING_MOE_STREAM, read at each launch): 1 (default) launch A only, 2 both, 0 neither.
+// Launch B streamed measured slower than its register kernel (H200, 2026-11-30, bench/cuda_ops: 16.6 against 11.5 µs;
+// launch A 11.8 against 14.4), so it is opt-in. LING_MOE_STREAM_WARPS=8 halves the warps per block (default 16).
+inline int moe_stream_mode() {
+  char const* e = std::getenv("LING_MOE_STREAM");
+  return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
+}
+inline int moe_stream_warps() {
+  char const* e = std::getenv("LING_MOE_STREAM_WARPS");
+  return e && std::atoi(e) == 8 ? 8 : 16;
+}
+inline int smem_optin_bytes() {
+  static int const v = [] {
+    int dev = 0, b = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      b = 0;
+    return b;
+  }();
+  return v;
+}
+__host__ __device__ constexpr std::int64_t round128(std::int64_t n) { return (n + 127) / 128 * 128; }
+inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {
+  return ((reinterpret_cast<std::uintptr_t>(p) | std::uintptr_t(a) | std::uintptr_t(b)) & 15) == 0;
+}
+
+// Sizes the warps' rings for `kernel` (kW warps × stages buffers of stage_bytes after prologue bytes of dynamic shared
+// memory, within the device's opt-in limit; no more stages than a warp has tiles) and launches it on min(SMs, tiles)
+// blocks. Returns false (nothing launched) when not even one buffer per warp fits: the caller then runs the
+// register-streaming kernels.
+template <class Kernel, class... Args>
+bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologue, std::int64_t stage_bytes,
+                   cudaStream_t stream, cudaError_t& err, Args const&... args) {
+  if (sp.tiles <= 0) return false;
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
+  int const blocks = sp.tiles < sm_count() ? sp.tiles : sm_count();
+  int const per_warp = ((sp.tiles + blocks - 1) / blocks + warps - 1) / warps;
+  sp.prologue_bytes = int(round128(prologue));
+  sp.stage_bytes = int(round128(stage_bytes));
+  std::int64_t const avail = std::int64_t(smem_optin_bytes()) - std::int64_t(fa.sharedSizeBytes) - sp.prologue_bytes;
+  std::int64_t st = avail / (std::int64_t(warps) * sp.stage_bytes);
+  if (st > kStreamMaxStages) st = kStreamMaxStages;
+  if (st > per_warp) st = per_warp;
+  if (st < 1) return false;
+  sp.stages = int(st);
+  std::size_t const smem =
+      std::size_t(sp.prologue_bytes) + std::size_t(warps) * std::size_t(sp.stages) * std::size_t(sp.stage_bytes);
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (err == cudaSuccess) err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, args..., sp);
+  return true;
+}
+
+// Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
+// 16-byte aligned rows); false: not launched.
+template <class PE, class PS>
+bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue const& pro, float* h, cudaStream_t stream,
+                               cudaError_t& err) {
+  if constexpr (!std::is_same_v<PE, quant::Mxfp4> || !std::is_same_v<PS, quant::Fp8Block>) {
+    return false;
+  } else {
+    if (moe_stream_mode() < 1 || moe_q8_mode() < 1) return false;
+    if (!aligned16(a.gate.data, a.gate.data_stride, a.gate.ld) || !aligned16(a.up.data, a.up.data_stride, a.up.ld))
+      return false;
+    if (a.has_shared && (!aligned16(a.sgate.data, a.sgate.ld) || !aligned16(a.sup.data, a.sup.ld))) return false;
+    StreamPlan sp;
+    sp.rows = kStreamRowsA;
+    sp.srows = kStreamSharedRowsA;
+    sp.tiles_per_slot = int((a.gate.rows + sp.rows - 1) / sp.rows);
+    sp.shared_tiles = a.has_shared ? int((a.sgate.rows + sp.srows - 1) / sp.srows) : 0;
+    sp.tiles = sp.shared_tiles + a.top_k * sp.tiles_per_slot;
+    std::int64_t const cols = a.gate.cols, nblk = cols / 32, ncb = (cols + 127) / 128;
+    std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;
+    std::int64_t const prologue = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(q8_slots(int(nblk))) * 8 + nblk * 4;
+    std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
+    std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
+    std::int64_t const stage = routed > shared ? routed : shared;
+    if (moe_stream_warps() == 8)
+      return stream_launch(moe_gate_up_stream_kernel<8>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
+    return stream_launch(moe_gate_up_stream_kernel<16>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
+  }
+}
+
+template <class PE, class PS>
+bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* residual, float* out, cudaStream_t stream,
+                            cudaError_t& err) {
+  if constexpr (!std::is_same_v<PE, quant::Mxfp4> || !std::is_same_v<PS, quant::Fp8Block>) {
+    return false;
+  } else {
+    if (moe_stream_mode() < 2) return false;
+    if (!aligned16(a.down.data, a.down.data_stride, a.down.ld)) return false;
+    if (a.has_shared && !aligned16(a.sdown.data, a.sdown.ld)) return false;
+    StreamPlan sp;
+    sp.rows = kStreamRowsB;
+    sp.tiles = int((a.down.rows + sp.rows - 1) / sp.rows);
+    std::int64_t const C = a.down.cols / 32, seg = C * 32;
+    std::int64_t const srb = a.has_shared ? a.sdown.ld : 0, sncb = a.has_shared ? (a.sdown.cols + 127) / 128 : 0;
+    sp.slot_bytes = int(sp.rows * a.down.ld + span16_cap(sp.rows * C));
+    std::int64_t const stage = std::int64_t(a.top_k) * sp.slot_bytes + (a.has_shared ? sp.rows * srb + span16_cap(sncb * 4) : 0);
+    std::int64_t const n_stage = a.top_k * seg + (a.has_shared ? round32(srb) : 0);
+    bool const q8 = moe_q8_mode() == 2;
+    int const nblk = int(a.top_k * C);
+    std::int64_t const prologue =
+        std::int64_t(xs_floats(n_stage)) * 4 + (q8 ? std::int64_t(q8_slots(nblk)) * 8 + std::int64_t(nblk) * 4 : 0);
+    bool const w8 = moe_stream_warps() == 8;
+    if (q8)
+      return w8 ? stream_launch(moe_down_stream_kernel<8, true>, 8, sp, prologue, stage, stream, err, a, h, residual, out)
+                : stream_launch(moe_down_stream_kernel<16, true>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
+    return w8 ? stream_launch(moe_down_stream_kernel<8, false>, 8, sp, prologue, stage, stream, err, a, h, residual, out)
+              : stream_launch(moe_down_stream_kernel<16, false>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
+  }
+}
+
 // kMinBlocks: resident blocks per SM the register budget must allow; 3 measured best for both launches at Ling's
 // shapes (2026-11-30: 36 µs per step vs 38 with 2 and 43-46 with 4).
 inline constexpr int kMoeMinBlocks = 3;
@@ -816,6 +1240,10 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
+  {
+    cudaError_t err = cudaSuccess;
+    if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
+  }
   std::size_t smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
   std::int64_t const tasks = std::int64_t(a.top_k) * a.gate.rows + (a.has_shared ? a.sgate.rows : 0);
   auto go = [&](auto kernel) {
@@ -839,6 +1267,10 @@ cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, floa
                                   cudaStream_t stream) {
   using PE = policy_of<KE>;
   using PS = policy_of<KS>;
+  {
+    cudaError_t err = cudaSuccess;
+    if (launch_moe_down_stream<PE, PS>(a, h, residual, out, stream, err)) return err;
+  }
   std::int64_t const seg = round32(staged_elems<PE>(a.down));
   std::int64_t n = seg * a.top_k + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
   std::size_t smem = std::size_t(xs_floats(n)) * sizeof(float);

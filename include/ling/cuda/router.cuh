@@ -86,7 +86,7 @@ __device__ inline void router_select_block(RouteSel const& a, int* out_idx, floa
   bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
   if (grouped) {
     // group score = sum of the two largest biased scores of the group (one warp per group)
-    for (int g = warp; g < a.n_group; g += kWarps) {
+    for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {  // any block size (the streamed MoE has 9+ warps)
       float b1 = ninf, b2 = ninf;
       for (int i = lane; i < gsize; i += 32) {
         float v = s_sel[g * gsize + i];

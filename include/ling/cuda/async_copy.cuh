@@ -1,0 +1,59 @@
+#pragma once
+// Asynchronous global -> shared copies (cp.async, sm_80+), 16 bytes per lane, tracked per thread by commit groups.
+// nvcc only.
+//
+// Why: a batch-1 weight stream needs ~34 KB in flight per SM to reach the HBM roofline (4.5 TB/s × ~1 µs of loaded
+// latency / 132 SMs). Loads into registers cap that at what the warps can hold, and each warp's next loads wait on
+// its math; cp.async lands the bytes in shared memory with no register cost, so a warp can have all of its next
+// tiles in flight while it decodes the current one.
+//
+// Measured and not kept (H200, 2026-11-30): the Hopper bulk copy (cp.async.bulk + mbarrier, one producer warp per
+// block, one copy per piece of a tile) issued one copy per ~180 cycles (ncu: the producer's copy loop, a waterfall
+// over lanes because the instruction takes uniform registers, stalled on each copy), so the consumers waited ~13 µs
+// at the block barrier for the producer of MoE launch B (160 copies per SM of 48-768 bytes): launch A 16.0 µs and
+// B 23.0 µs against 14.4 and 11.5 for the register kernels.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ling::cuda::kernels {
+
+__device__ __forceinline__ std::uint32_t smem_u32(void const* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes, bypassing L1 (each weight byte is used once per token).
+__device__ __forceinline__ void cp_async16(void* dst, void const* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most n of this thread's committed groups are pending (n clamped to 0..3).
+__device__ __forceinline__ void cp_async_wait(int n) {
+  if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+  else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else if (n == 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
+  else asm volatile("cp.async.wait_group 3;" ::: "memory");
+}
+
+// Bytes [p, p + n) of global memory widened to 16-byte bounds so that they can be copied in 16-byte pieces: copy
+// `bytes` from `src`; the wanted bytes then sit at offset `skew` of the copy. Reading up to 15 bytes either side stays
+// inside the allocation when, as for every weight array here (DeviceMatrix buffers, the model's arena), allocations
+// start 256-byte aligned and end on a 256-byte bound or before slack.
+struct Span16 {
+  char const* src;
+  std::uint32_t bytes, skew;
+};
+__device__ __forceinline__ Span16 span16(void const* p, std::int64_t n) {
+  std::uintptr_t const a = reinterpret_cast<std::uintptr_t>(p), s = a & ~std::uintptr_t(15);
+  std::uintptr_t const e = (a + std::uintptr_t(n) + 15) & ~std::uintptr_t(15);
+  return Span16{reinterpret_cast<char const*>(s), std::uint32_t(e - s), std::uint32_t(a - s)};
+}
+// The most bytes span16 returns for n wanted bytes.
+__host__ __device__ constexpr std::int64_t span16_cap(std::int64_t n) { return (n + 15) / 16 * 16 + 16; }
+
+// The calling warp copies a span to dst (16-byte aligned), lane l taking the 16-byte pieces l, l + 32, ...
+__device__ __forceinline__ void warp_copy(void* dst, Span16 const& s) {
+  for (std::uint32_t off = (threadIdx.x & 31) * 16u; off < s.bytes; off += 512u)
+    cp_async16(static_cast<char*>(dst) + off, s.src + off);
+}
+
+}  // namespace ling::cuda::kernels
