@@ -345,15 +345,15 @@ int main(int argc, char** argv) {
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
   // A/B variants of the same three (moe.cuh reads these at each launch): the register-streaming kernels in both launches,
-  // both launches streamed (cp.async), the same with 8 warps instead of 16 per block, and with int8 in launch B too, the
-  // fp32 decoder (register kernels)
+  // both launches streamed (cp.async), launch A streamed on one block of 16 warps per SM instead of two of 8, both
+  // streamed with int8 in launch B too, the fp32 decoder (register kernels)
   struct MoeVariant {
     char const* suffix;
     char const* env[2][2];
   };
   static MoeVariant const variants[] = {{"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
                                         {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},
-                                        {"_stream8", {{"LING_MOE_STREAM_WARPS", "8"}, {"LING_MOE_STREAM", "2"}}},
+                                        {"_stream16", {{"LING_MOE_STREAM_WARPS", "16"}, {nullptr, nullptr}}},
                                         {"_q8both", {{"LING_MOE_Q8", "2"}, {"LING_MOE_STREAM", "2"}}},
                                         {"_fp32dec", {{"LING_MOE_Q8", "0"}, {"LING_MOE_STREAM", "0"}}}};
   for (MoeVariant const& v : variants) {

@@ -139,10 +139,10 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
 }
 
 // The streamed kernels (per-warp cp.async rings in shared memory; moe.cuh) run Ling's formats by default; the same cases
-// run with 8 and 16 warps per block, launch B streamed too, and on the register-streaming kernels. Shapes: a shared
+// run with two blocks of 8 warps per SM and one of 16, launch B streamed too, and on the register-streaming kernels. Shapes: a shared
 // expert with an odd row count (37), 20 experts per down tile (top_k 20), rows of 12 and 80 chunks (one and two rows
 // per warp at a time), fewer tiles than SMs.
-TEST_CASE("moe: streamed kernels at odd shapes, 8 and 16 warps per block, and the register kernels") {
+TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM, and the register kernels") {
   LING_REQUIRE_GPU();
   for (char const* stream : {"2", "1", "0"}) {  // both launches streamed, launch A only (default), neither
     for (char const* warps : {"8", "16"}) {

@@ -1120,14 +1120,28 @@ __global__ void __launch_bounds__(kW * 32, 1)
 
 // Which launches run streamed (LING_MOE_STREAM, read at each launch): 1 (default) launch A only, 2 both, 0 neither.
 // Launch B streamed measured slower than its register kernel (H200, 2026-11-30, bench/cuda_ops: 16.6 against 11.5 µs;
-// launch A 11.8 against 14.4), so it is opt-in. LING_MOE_STREAM_WARPS=8 halves the warps per block (default 16).
+// launch A 11.8 against 14.4), so it is opt-in. LING_MOE_STREAM_WARPS=16: one block of 16 warps per SM (default: two of 8).
 inline int moe_stream_mode() {
   char const* e = std::getenv("LING_MOE_STREAM");
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
 }
 inline int moe_stream_warps() {
   char const* e = std::getenv("LING_MOE_STREAM_WARPS");
-  return e && std::atoi(e) == 8 ? 8 : 16;
+  return e && std::atoi(e) == 16 ? 16 : 8;
+}
+// Two resident blocks of 8 warps per SM by default (each within half of the SM's shared memory), so that a block of the
+// next or previous kernel can share the SM at a launch boundary: 3.392 against 3.404 ms/token for one block of 16 warps
+// (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
+inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
+inline int smem_per_sm_bytes() {
+  static int const v = [] {
+    int dev = 0, b = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
+      b = 0;
+    return b;
+  }();
+  return v;
 }
 inline int smem_optin_bytes() {
   static int const v = [] {
@@ -1144,8 +1158,8 @@ inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {
 }
 
 // Sizes the warps' rings for `kernel` (kW warps × stages buffers of stage_bytes after prologue bytes of dynamic shared
-// memory, within the device's opt-in limit; no more stages than a warp has tiles) and launches it on min(SMs, tiles)
-// blocks. Returns false (nothing launched) when not even one buffer per warp fits: the caller then runs the
+// memory, within the device's opt-in limit; no more stages than a warp has tiles) and launches it on min(SMs × blocks
+// per SM, tiles) blocks. Returns false (nothing launched) when not even one buffer per warp fits: the caller then runs the
 // register-streaming kernels.
 template <class Kernel, class... Args>
 bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologue, std::int64_t stage_bytes,
@@ -1153,11 +1167,14 @@ bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologu
   if (sp.tiles <= 0) return false;
   cudaFuncAttributes fa{};
   if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
-  int const blocks = sp.tiles < sm_count() ? sp.tiles : sm_count();
+  int const per_sm = moe_stream_blocks_per_sm(warps);
+  int const blocks = sp.tiles < sm_count() * per_sm ? sp.tiles : sm_count() * per_sm;
   int const per_warp = ((sp.tiles + blocks - 1) / blocks + warps - 1) / warps;
   sp.prologue_bytes = int(round128(prologue));
   sp.stage_bytes = int(round128(stage_bytes));
-  std::int64_t const avail = std::int64_t(smem_optin_bytes()) - std::int64_t(fa.sharedSizeBytes) - sp.prologue_bytes;
+  std::int64_t limit = smem_optin_bytes();  // per block; with 2 per SM, half the SM's (1 KB of each is reserved)
+  if (per_sm > 1 && std::int64_t(smem_per_sm_bytes()) / per_sm - 1024 < limit) limit = smem_per_sm_bytes() / per_sm - 1024;
+  std::int64_t const avail = limit - std::int64_t(fa.sharedSizeBytes) - sp.prologue_bytes;
   std::int64_t st = avail / (std::int64_t(warps) * sp.stage_bytes);
   if (st > kStreamMaxStages) st = kStreamMaxStages;
   if (st > per_warp) st = per_warp;
