@@ -123,6 +123,27 @@ void check_moe(std::int64_t hidden, std::int64_t inter, std::int64_t shared_inte
   if (lr > 0) CHECK(g_clamp_hits > 0);
 }
 
+// Device MoE weights of `experts` random MXFP4 experts [inter, hidden] / [hidden, inter], no shared expert.
+cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> random_mxfp4_experts(std::int64_t hidden, std::int64_t inter, int experts) {
+  std::vector<HostMatrix<quant::Mxfp4>> g, u, d;
+  std::vector<quant::MatrixView<quant::Mxfp4>> gv, uv, dv;
+  for (int e = 0; e < experts; ++e) {
+    g.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
+    u.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
+    d.push_back(random_matrix<quant::Mxfp4>(hidden, inter, 0.05f));
+  }
+  for (int e = 0; e < experts; ++e) {
+    gv.push_back(g[std::size_t(e)].view());
+    uv.push_back(u[std::size_t(e)].view());
+    dv.push_back(d[std::size_t(e)].view());
+  }
+  cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> w;
+  w.gate = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(gv);
+  w.up = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(uv);
+  w.down = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(dv);
+  return w;
+}
+
 }  // namespace
 
 TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and off") {
@@ -189,22 +210,7 @@ TEST_CASE("moe: an out-of-range expert id turns its outputs NaN") {
   LING_REQUIRE_GPU();
   std::int64_t const hidden = 256, inter = 64;
   int const experts = 4, top_k = 2;
-  std::vector<HostMatrix<quant::Mxfp4>> g, u, d;
-  std::vector<quant::MatrixView<quant::Mxfp4>> gv, uv, dv;
-  for (int e = 0; e < experts; ++e) {
-    g.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
-    u.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
-    d.push_back(random_matrix<quant::Mxfp4>(hidden, inter, 0.05f));
-  }
-  for (int e = 0; e < experts; ++e) {
-    gv.push_back(g[std::size_t(e)].view());
-    uv.push_back(u[std::size_t(e)].view());
-    dv.push_back(d[std::size_t(e)].view());
-  }
-  cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> w;
-  w.gate = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(gv);
-  w.up = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(uv);
-  w.down = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(dv);
+  auto w = random_mxfp4_experts(hidden, inter, experts);
   auto sg = random_matrix<quant::Fp8Block>(64, hidden, 0.05f), su = random_matrix<quant::Fp8Block>(64, hidden, 0.05f);
   auto sd = random_matrix<quant::Fp8Block>(hidden, 64, 0.05f);
   w.shared_gate = cuda::DeviceMatrix<quant::Fp8Block>::upload(sg.view());
@@ -242,22 +248,7 @@ TEST_CASE("moe: a NaN activation stays visible on the int8 path") {
   LING_REQUIRE_GPU();
   std::int64_t const hidden = 256, inter = 64;
   int const experts = 4, top_k = 2;
-  std::vector<HostMatrix<quant::Mxfp4>> g, u, d;
-  std::vector<quant::MatrixView<quant::Mxfp4>> gv, uv, dv;
-  for (int e = 0; e < experts; ++e) {
-    g.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
-    u.push_back(random_matrix<quant::Mxfp4>(inter, hidden, 0.05f));
-    d.push_back(random_matrix<quant::Mxfp4>(hidden, inter, 0.05f));
-  }
-  for (int e = 0; e < experts; ++e) {
-    gv.push_back(g[std::size_t(e)].view());
-    uv.push_back(u[std::size_t(e)].view());
-    dv.push_back(d[std::size_t(e)].view());
-  }
-  cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> w;
-  w.gate = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(gv);
-  w.up = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(uv);
-  w.down = cuda::DeviceMatrix<quant::Mxfp4>::upload_batch(dv);
+  auto w = random_mxfp4_experts(hidden, inter, experts);
   std::vector<int> ids = {1, 3};
   std::vector<float> wts = {0.5f, 0.5f};
   auto x = randn(static_cast<std::size_t>(hidden));

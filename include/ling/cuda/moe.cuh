@@ -60,6 +60,24 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
   }
 }
 
+// Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
+// the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
+__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx) {
+  if (a.route.logits) {
+    __shared__ float s_wsel[kMoeMaxTopK];
+    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
+    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
+    __syncthreads();
+    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
+      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
+      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
+    }
+  } else {
+    stage_idx(s_idx, nullptr, a);
+  }
+  __syncthreads();
+}
+
 // The shared expert's gate and up rows r · xs (its own policy, CUDA cores): the warp-summed dot products.
 template <class PS>
 __device__ __forceinline__ float2 shared_gate_up_row(MoeArgs const& a, float const* xs, std::int64_t r) {
@@ -262,19 +280,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * a.gate.rows, 1);
   pdl_wait();
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
-  if (a.route.logits) {  // the router's selection, here: no last-block handoff in the router launch
-    __shared__ float s_wsel[kMoeMaxTopK];
-    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
-    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
-    __syncthreads();
-    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
-      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
-      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
-    }
-  } else {
-    stage_idx(s_idx, nullptr, a);
-  }
-  __syncthreads();
+  moe_block_routing(a, s_idx);
   // int8 path: the limbs and block scales follow the staged floats in shared memory
   int const nblk = int(a.gate.cols >> 5);
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
@@ -889,19 +895,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) issue(pre++);
   pdl_wait();
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-  if (a.route.logits) {
-    __shared__ float s_wsel[kMoeMaxTopK];
-    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
-    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
-    __syncthreads();
-    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
-      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
-      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
-    }
-  } else {
-    stage_idx(s_idx, nullptr, a);
-  }
-  __syncthreads();
+  moe_block_routing(a, s_idx);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
   for (int m = 0; m < D; ++m) {
     if (m >= pre && m < mine) issue(m);
