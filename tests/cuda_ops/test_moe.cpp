@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <utility>
 
 #include "ling/cuda/moe.hpp"
 #include "util.hpp"
@@ -144,6 +145,20 @@ cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> random_mxfp4_experts(std::int64_
   return w;
 }
 
+// One MoE step (both launches, no residual) on ids / weights / x; returns h and the output.
+std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> const& w,
+                                                          std::vector<int> const& ids, std::vector<float> const& wts,
+                                                          std::vector<float> const& x) {
+  int const top_k = int(ids.size());
+  cuda::DeviceBuffer didx(ids.size() * sizeof(int));
+  didx.upload(ids.data(), ids.size() * sizeof(int));
+  DeviceVec dw(wts), dx(x), dh(static_cast<std::size_t>(w.h_elements(top_k))), dout(x.size());
+  cuda::MoeStep step{didx.data<int>(), dw.data(), top_k, 0.f, 0.f};
+  REQUIRE(cuda::launch_moe(w, step, dx.data(), dh.data(), nullptr, dout.data(), nullptr) == cudaSuccess);
+  device_sync();
+  return {dh.get(), dout.get()};
+}
+
 }  // namespace
 
 TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and off") {
@@ -209,7 +224,7 @@ TEST_CASE("moe: a policy defined in the test runs through the generic kernels") 
 TEST_CASE("moe: an out-of-range expert id turns its outputs NaN") {
   LING_REQUIRE_GPU();
   std::int64_t const hidden = 256, inter = 64;
-  int const experts = 4, top_k = 2;
+  int const experts = 4;
   auto w = random_mxfp4_experts(hidden, inter, experts);
   auto sg = random_matrix<quant::Fp8Block>(64, hidden, 0.05f), su = random_matrix<quant::Fp8Block>(64, hidden, 0.05f);
   auto sd = random_matrix<quant::Fp8Block>(hidden, 64, 0.05f);
@@ -219,16 +234,7 @@ TEST_CASE("moe: an out-of-range expert id turns its outputs NaN") {
   for (char const* stream : {"2", "0"}) {
     CAPTURE(stream);
     setenv("LING_MOE_STREAM", stream, 1);
-    std::vector<int> ids = {2, 1000};
-    std::vector<float> wts = {0.5f, 0.5f};
-    auto x = randn(static_cast<std::size_t>(hidden));
-    cuda::DeviceBuffer didx(ids.size() * sizeof(int));
-    didx.upload(ids.data(), ids.size() * sizeof(int));
-    DeviceVec dw(wts), dx(x), dh(static_cast<std::size_t>(w.h_elements(top_k))), dout(static_cast<std::size_t>(hidden));
-    cuda::MoeStep step{didx.data<int>(), dw.data(), top_k, 0.f, 0.f};
-    REQUIRE(cuda::launch_moe(w, step, dx.data(), dh.data(), nullptr, dout.data(), nullptr) == cudaSuccess);
-    device_sync();
-    auto h = dh.get();
+    auto const [h, o] = run_moe(w, {2, 1000}, {0.5f, 0.5f}, randn(static_cast<std::size_t>(hidden)));
     int finite_good = 0, finite_bad = 0, finite_shared = 0;
     for (std::size_t i = 0; i < std::size_t(inter); ++i) finite_good += std::isfinite(h[i]) ? 1 : 0;
     for (std::size_t i = std::size_t(inter); i < std::size_t(2 * inter); ++i) finite_bad += std::isfinite(h[i]) ? 1 : 0;
@@ -236,7 +242,6 @@ TEST_CASE("moe: an out-of-range expert id turns its outputs NaN") {
     CHECK(finite_good == inter);
     CHECK(finite_bad == 0);
     CHECK(finite_shared == 64);
-    auto o = dout.get();
     CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
   }
   unsetenv("LING_MOE_STREAM");
@@ -249,17 +254,9 @@ TEST_CASE("moe: a NaN activation stays visible on the int8 path") {
   std::int64_t const hidden = 256, inter = 64;
   int const experts = 4, top_k = 2;
   auto w = random_mxfp4_experts(hidden, inter, experts);
-  std::vector<int> ids = {1, 3};
-  std::vector<float> wts = {0.5f, 0.5f};
   auto x = randn(static_cast<std::size_t>(hidden));
   x[37] = std::nanf("");
-  cuda::DeviceBuffer didx(ids.size() * sizeof(int));
-  didx.upload(ids.data(), ids.size() * sizeof(int));
-  DeviceVec dw(wts), dx(x), dh(static_cast<std::size_t>(w.h_elements(top_k))), dout(static_cast<std::size_t>(hidden));
-  cuda::MoeStep step{didx.data<int>(), dw.data(), top_k, 0.f, 0.f};
-  REQUIRE(cuda::launch_moe(w, step, dx.data(), dh.data(), nullptr, dout.data(), nullptr) == cudaSuccess);
-  device_sync();
-  auto h = dh.get();
+  auto const h = run_moe(w, {1, 3}, {0.5f, 0.5f}, x).first;
   int finite = 0;
   for (std::size_t i = 0; i < std::size_t(top_k * inter); ++i) finite += std::isfinite(h[i]) ? 1 : 0;
   CHECK(finite == 0);

@@ -1030,10 +1030,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (m < mine) issue_routed(m);
     cp_async_commit();
   }
-  if (seg == a.down.cols)
-    stage_x4(xs, h, std::int64_t(top_k) * a.down.cols + (a.has_shared ? a.sdown.cols : 0), n_stage);
-  else
-    stage_down_input<quant::Fp8Block>(xs, h, a, seg);
+  // MXFP4 rows are whole 32-element blocks, so seg = inter and the staged layout is h itself
+  stage_x4(xs, h, std::int64_t(top_k) * a.down.cols + (a.has_shared ? a.sdown.cols : 0), n_stage);
   __syncthreads();
   if constexpr (kQ8) {
     stage_q8(q, sx, xs, nblk, kXPre);
