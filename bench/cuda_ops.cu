@@ -178,12 +178,14 @@ void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std
 template <class PE, class PS>
 struct MoeBench {
   static constexpr std::int64_t kHidden = 2560, kInter = 768;
-  static constexpr int kExperts = 512, kTopK = 8;
+  static constexpr int kTopK = 8;
+  int const kExperts;  // 512 in Ling; fewer: the same bytes per step from a smaller address range
   std::vector<MoeWeights<PE, PS>> w;
   DeviceBuffer ids;
   DVec wts, u, h, hid;
-  MoeBench(int layers, int steps)
-      : w(static_cast<std::size_t>(layers)),
+  MoeBench(int layers, int steps, int experts = 512)
+      : kExperts(experts),
+        w(static_cast<std::size_t>(layers)),
         wts{static_cast<std::size_t>(steps) * kTopK},
         u{kHidden},
         h{static_cast<std::size_t>(kTopK * kInter + kInter)},  // top_k slots + the shared expert (kInter wide here)
@@ -212,8 +214,8 @@ struct MoeBench {
 };
 
 template <class PE, class PS>
-void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_only, bool down_only) {
-  MoeBench<PE, PS> b(layers, steps);
+void BM_MoeStep(benchmark::State& state, int layers, int steps, bool gate_up_only, bool down_only, int experts = 512) {
+  MoeBench<PE, PS> b(layers, steps, experts);
   auto const& w0 = b.w[0];
   constexpr int kTopK = MoeBench<PE, PS>::kTopK;
   double bytes = double(w0.bytes_per_token(kTopK));
@@ -344,6 +346,9 @@ int main(int argc, char** argv) {
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
   reg("moe_gate_up_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false); });
   reg("moe_down_8of512_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true); });
+  // the same launches over 32 experts per layer (96 MB of expert arrays instead of 1.6 GB): address-range effects
+  reg("moe_gate_up_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false, 32); });
+  reg("moe_down_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true, 32); });
   // A/B variants of the same three (moe.cuh reads these at each launch): the register-streaming kernels in both launches,
   // both launches streamed (cp.async), launch A streamed on one block of 16 warps per SM instead of two of 8, both
   // streamed with int8 in launch B too, the fp32 decoder (register kernels)

@@ -151,6 +151,47 @@ void cmd_bench(BenchArgs const& a) {
     rows.push_back(row);
   }
 
+  // 3b. LING_TRACE=path: one step's timeline at context 0 (per layer and region: blocks, first entry, last PDL-wait
+  // exit, last midpoint, last end; µs from the step's first traced entry) as CSV
+  if (char const* tp = std::getenv("LING_TRACE"); tp && *tp && *tp != '0') {
+    model->fill_random_context(0, a.seed);
+    model->step(1);
+    for (int w = 0; w < 3; ++w) model->step_greedy();
+    auto const t = model->trace_step();
+    if (!t.empty()) {
+      constexpr int kB = ling::cuda::ops::kTraceBlocks, kP = ling::cuda::ops::kTracePhases;
+      int const slots = ling::cuda::CudaModel::kTraceSlots;
+      std::size_t const layers = t.size() / (std::size_t(slots) * kB * kP);
+      unsigned long long t0 = ~0ull;
+      for (std::size_t i = 0; i < t.size(); i += kP)
+        if (t[i] && t[i] < t0) t0 = t[i];
+      std::FILE* f = std::fopen(tp, "w");
+      if (f) {
+        std::fprintf(f, "layer,region,blocks,entry_first,entry_last,wait_first,wait_last,mid_last,end_first,end_last\n");
+        for (std::size_t l = 0; l < layers; ++l)
+          for (int r = 0; r < slots; ++r) {
+            unsigned long long const* b = t.data() + ((l * slots + std::size_t(r)) * kB) * kP;
+            int n = 0;
+            unsigned long long e0 = ~0ull, e1 = 0, w0 = ~0ull, w1 = 0, m1 = 0, d0 = ~0ull, d1 = 0;
+            for (int k = 0; k < kB; ++k) {
+              unsigned long long const* q = b + std::size_t(k) * kP;
+              if (!q[0]) continue;
+              ++n;
+              e0 = std::min(e0, q[0]), e1 = std::max(e1, q[0]);
+              if (q[1]) w0 = std::min(w0, q[1]), w1 = std::max(w1, q[1]);
+              if (q[2]) m1 = std::max(m1, q[2]);
+              if (q[3]) d0 = std::min(d0, q[3]), d1 = std::max(d1, q[3]);
+            }
+            if (!n) continue;
+            auto us = [&](unsigned long long v) { return (v == 0 || v == ~0ull) ? -1.0 : double(v - t0) * 1e-3; };
+            std::fprintf(f, "%zu,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", l, r, n, us(e0), us(e1), us(w0), us(w1), us(m1),
+                         us(d0), us(d1));
+          }
+        std::fclose(f);
+      }
+    }
+  }
+
   // 4. LM head FP8 vs BF16 on this model: top-1 agreement and mean KL(bf16 || fp8) over greedy steps
   int const head_steps = 16;
   model->fill_random_context(0, a.seed);

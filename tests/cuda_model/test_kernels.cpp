@@ -73,20 +73,25 @@ TEST_CASE("matvec in every format, fast and tail paths, with prologues and resid
       CHECK(rel_l2(matvec(m, x, 1, nw, {}, 0, 1e-6f, nullptr), ref_matvec(deq, s.rows, s.cols, xd)) < 1e-5);
     }
   }
-  // per-head gated RMSNorm (KDA output), head 40 (not a multiple of 32)
-  std::int64_t const head = 40, heads = 3, cols = head * heads, rows = 50;
-  std::vector<float> deq;
-  auto m = make_matrix(MatFormat::kBf16, randn(std::size_t(rows * cols), 0.1f), rows, cols, &deq);
-  auto x = randn(std::size_t(cols)), nw = randn(std::size_t(head)), g = randn(std::size_t(cols));
-  std::vector<double> xd(static_cast<std::size_t>(cols));
-  for (std::int64_t h = 0; h < heads; ++h) {
-    double ss = 0;
-    for (std::int64_t i = 0; i < head; ++i) ss += double(x[h * head + i]) * x[h * head + i];
-    double inv = 1.0 / std::sqrt(ss / double(head) + 1e-6);
-    for (std::int64_t i = 0; i < head; ++i)
-      xd[h * head + i] = x[h * head + i] * inv * nw[i] / (1.0 + std::exp(-double(g[h * head + i])));
+  // per-head gated RMSNorm (KDA output): head 40 (not a multiple of 32: the general staging), 128 with Ling's 32 heads
+  // and 256 (the one-round-trip staging: two atomics per head)
+  struct GatedShape { std::int64_t head, heads; };
+  for (GatedShape gs : {GatedShape{40, 3}, GatedShape{128, 32}, GatedShape{256, 5}}) {
+    CAPTURE(gs.head);
+    std::int64_t const head = gs.head, heads = gs.heads, cols = head * heads, rows = 50;
+    std::vector<float> deq;
+    auto m = make_matrix(MatFormat::kBf16, randn(std::size_t(rows * cols), 0.1f), rows, cols, &deq);
+    auto x = randn(std::size_t(cols)), nw = randn(std::size_t(head)), g = randn(std::size_t(cols));
+    std::vector<double> xd(static_cast<std::size_t>(cols));
+    for (std::int64_t h = 0; h < heads; ++h) {
+      double ss = 0;
+      for (std::int64_t i = 0; i < head; ++i) ss += double(x[h * head + i]) * x[h * head + i];
+      double inv = 1.0 / std::sqrt(ss / double(head) + 1e-6);
+      for (std::int64_t i = 0; i < head; ++i)
+        xd[h * head + i] = x[h * head + i] * inv * nw[i] / (1.0 + std::exp(-double(g[h * head + i])));
+    }
+    CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
   }
-  CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
 }
 
 namespace {

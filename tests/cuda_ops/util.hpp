@@ -3,6 +3,7 @@
 // poisoned with NaN, relative L2 error that fails on NaN.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -95,6 +96,29 @@ struct DeviceVec {
 };
 
 inline void device_sync() { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+// ||y - ref|| relative to the larger of ||ref|| and the size of the products (per row sqrt(cols · Σ_c (w_rc x_c)²),
+// ≈ Σ_c |w_rc x_c|): GPU and CPU both sum in fp32, in different orders, so a row whose sum cancels (one row of 64
+// columns: |Σ| can be far below its terms) differs by more than 1e-5 of itself without either being wrong (seen once
+// in ~10 runs, 2.5e-5; the LM head's single 40-column row, 2e-5).
+template <class P>
+double rel_err(std::vector<float> const& y, std::vector<double> const& ref, HostMatrix<P> const& m, std::vector<float> const& x) {
+  double num = 0, den = 0, terms = 0;
+  for (std::int64_t r = 0; r < m.rows; ++r) {
+    double const yr = y[static_cast<std::size_t>(r)], rr = ref[static_cast<std::size_t>(r)];
+    if (!std::isfinite(yr)) return 1e30;
+    num += (yr - rr) * (yr - rr);
+    den += rr * rr;
+    auto row = m.row(r);
+    double t2 = 0;
+    for (std::int64_t c = 0; c < m.cols; ++c) {
+      double const t = double(row[static_cast<std::size_t>(c)]) * x[static_cast<std::size_t>(c)];
+      t2 += t * t;
+    }
+    terms += double(m.cols) * t2;
+  }
+  return std::sqrt(num / std::max({den, terms, 1e-300}));
+}
 
 }  // namespace ling::test_ops
 

@@ -169,6 +169,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   bool const vv = tid < kKdaFastCols && v0 + tid < V;  // thread tid < 16 makes v[v0 + tid]
   int const cv = h * V + (vv ? v0 + tid : 0);
   ops::pdl_trigger();
+  ops::trace_mark(a.trace, 0);
   // Weights only before the wait (no earlier kernel writes them).
   float wq[R], wk[R], wv[R];
 #pragma unroll
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   float const dtb = qk ? a.dt_bias[c] : 0.f;
   float const alog = a.a_log[h];
   ops::pdl_wait();
+  ops::trace_mark(a.trace, 1);
   // Every activation / state load of the step in flight at once; none depends on the position.
   float* S = a.state + std::int64_t(h) * K * V;
   float4 st[kKdaFastRows];
@@ -310,6 +312,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
       *reinterpret_cast<float4*>(S + std::int64_t(r) * V + vc) = x;
     }
   }
+  ops::trace_end(a.trace);
 }
 
 inline std::size_t kda_step_smem(int head_dim) {

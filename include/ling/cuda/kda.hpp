@@ -28,6 +28,7 @@ struct KdaStepArgs {
   float* state = nullptr;         // [H, K, V]
   float* o = nullptr;             // [P] o = Sᵀq per head (before the gated norm)
   std::int32_t const* position = nullptr;  // device: the token's position t
+  unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
 };
 
 // Host-side conversion between the CPU windows (oldest first, `pos` tokens seen) and the device ring.

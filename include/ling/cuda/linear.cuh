@@ -138,15 +138,93 @@ __device__ __forceinline__ float block_sum(float v, float* red) {  // red: 32 fl
   return warp_sum(t);
 }
 
+// RMSNorm staging (x and w 16-byte aligned): each x float4 is loaded together with its weights and staged as x · w;
+// returns this thread's Σ x². kB float4 pairs in flight per thread (2: the registers of the old x-only batch of 4; a
+// batch of 3 made the pipelined matvec spill the row it loads before its PDL wait, measured 2026-11-30).
+template <int kB>
+__device__ __forceinline__ float stage4_rms(float* xs, float const* __restrict__ x, float const* __restrict__ w, int nn, int end) {
+  float ss = 0.f;
+  for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
+    float4 v[kB], g[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      v[i] = ld_x4(x, c, nn);
+      g[i] = ld_x4(w, c, nn);
+    }
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      if (c < end) {
+        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * g[i].x, v[i].y * g[i].y, v[i].z * g[i].z, v[i].w * g[i].w);
+        ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
+      }
+    }
+  }
+  return ss;
+}
+
+inline constexpr int kMaxGatedHeads = 256;
+// KDA's gated head norm staging (x, gate, w 16-byte aligned, head 128 or 256, at most kMaxGatedHeads heads):
+// x and gate of each float4 are loaded together and staged as x · w · sigmoid(gate) (w, one head's weights, from L1);
+// the heads' Σ x² gather in s_hs (a warp's 32 float4 of one batch lie in one head: one atomic per warp and head, at
+// most two per head, so the sums do not depend on the atomics' order).
+template <int kB>
+__device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const* __restrict__ x, InputPrologue const& p, int nn,
+                                             int end) {
+  for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
+    float4 v[kB], g[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      v[i] = ld_x4(x, c, nn);
+      g[i] = ld_x4(p.gate, c, nn);
+    }
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      float const ss = warp_sum(fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, v[i].w * v[i].w))));
+      if (c < end) {
+        float4 const w = ld_x4(p.norm_w, c % p.head, p.head);
+        auto gate = [](float t) { return 1.0f / (1.0f + expf(-t)); };
+        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * w.x * gate(g[i].x), v[i].y * w.y * gate(g[i].y),
+                                                               v[i].z * w.z * gate(g[i].z), v[i].w * w.w * gate(g[i].w));
+        if ((threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c / p.head], ss);
+      }
+    }
+  }
+}
+
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
-// synchronizes the block afterwards. The raw values are staged first (batched loads), then scaled in place.
+// synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
+// KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                             InputPrologue const& p) {
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
+  auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
+  bool const fused = p.flags & InputPrologue::kFusedWeights;
+  if (fused && p.kind == PrologueKind::kRmsNorm && aligned(x) && aligned(p.norm_w)) {
+    float const ss = stage4_rms<2>(xs, x, p.norm_w, nn, end);
+    // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
+    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
+    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
+    return;
+  }
+  if (fused && p.kind == PrologueKind::kGatedHeadNorm && aligned(x) && aligned(p.gate) && aligned(p.norm_w) &&
+      (p.head == 128 || p.head == 256) && nn % p.head == 0 && nn / p.head <= kMaxGatedHeads) {
+    __shared__ float s_hs[kMaxGatedHeads];
+    int const heads = nn / p.head;
+    for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = 0.f;
+    __syncthreads();
+    stage4_gated<2>(xs, s_hs, x, p, nn, end);
+    __syncthreads();
+    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= rsqrtf(s_hs[c / p.head] / float(p.head) + p.eps) * kXPre;
+    return;
+  }
   float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
   float ss = 0.f;
-  if ((reinterpret_cast<std::uintptr_t>(x) & 15) == 0) {  // four elements per load (the usual case)
+  if (aligned(x)) {  // four elements per load (the usual case)
     ss = stage4<4>(xs, x, nn, end, pre);
   } else {
     for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
@@ -195,6 +273,33 @@ __device__ __forceinline__ void prefetch_l2(void const* p) { asm volatile("prefe
 __device__ __forceinline__ void warp_prefetch(void const* p, std::int64_t bytes) {
   for (std::int64_t off = std::int64_t(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128)
     prefetch_l2(static_cast<char const*>(p) + off);
+}
+
+// Before the PDL wait: the prologue's weights (RMSNorm: n floats; gated head norm: one head's) into L2, each 128-byte
+// line by one lane of the grid (lane l of block b takes line 32 b + l): every block reads them right after the wait.
+__device__ __forceinline__ void prologue_prefetch(InputPrologue const& p, std::int64_t n) {
+  if (!(p.flags & InputPrologue::kPrefetchWeights) || !p.norm_w || threadIdx.x >= 32) return;
+  std::int64_t const m = p.kind == PrologueKind::kRmsNorm ? n : p.kind == PrologueKind::kGatedHeadNorm ? p.head : 0;
+  std::int64_t const line = std::int64_t(blockIdx.x) * 32 + threadIdx.x;
+  if (line * 32 < m) prefetch_l2(p.norm_w + line * 32);
+}
+
+// ---- step timeline (measurements only; CudaModel's LING_TRACE) --------------------------------------------------
+// A launch given a trace region t writes %globaltimer (ns) per block: phase 0 at entry, 1 after the PDL wait, 2 at a
+// kernel-specific midpoint, 3 when its last warp ends (atomicMax over the warps; the region is zeroed before).
+inline constexpr int kTracePhases = 4, kTraceBlocks = 1024;
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long v;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+  return v;
+}
+__device__ __forceinline__ unsigned trace_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
+__device__ __forceinline__ void trace_mark(unsigned long long* t, int p) {
+  if (t && threadIdx.x == 0 && trace_block() < unsigned(kTraceBlocks)) t[trace_block() * kTracePhases + p] = global_ns();
+}
+__device__ __forceinline__ void trace_end(unsigned long long* t) {
+  if (t && (threadIdx.x & 31) == 0 && trace_block() < unsigned(kTraceBlocks))
+    atomicMax(&t[trace_block() * kTracePhases + 3], global_ns());
 }
 
 // LING_NO_PDL=1 turns the attribute off (A/B measurements).
@@ -527,6 +632,7 @@ struct MultiArgs {
   float* out[kMaxMultiMatrices];                   // output of matrix i, [rows_i]
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
+  unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
 };
 
 struct ArgmaxArgs {
@@ -606,11 +712,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs 
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   pdl_trigger();
+  trace_mark(a.trace, 0);
   {
     std::int64_t const stride = std::int64_t(gridDim.x) * kWarps, t0 = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
     for (int k = 0; k < kPrefetchAhead; ++k) prefetch_task<P, NR>(a, t0 + k * stride);
   }
+  prologue_prefetch(pro, a.m[0].cols);
   pdl_wait();
+  trace_mark(a.trace, 1);
   stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
 
@@ -650,6 +759,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs 
       }
     }
   }
+  trace_end(a.trace);
   if (am.key) {  // block maximum, one atomic per block; the last block publishes the id and re-arms the workspace
     __shared__ unsigned long long s_best[kWarps];
     __shared__ bool s_last;
@@ -725,6 +835,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
   std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   std::int64_t const total = a.task_begin[a.count];
   pdl_trigger();
+  trace_mark(a.trace, 0);
   // weights do not depend on the producer: the first row's loads go out before the PDL wait (into registers), the
   // second row's into L2
   RowLoad<P, kU> cur, nxt;
@@ -736,7 +847,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
     row_load(cur, a.m[ci], cr);
   }
   prefetch_task<P, 1>(a, t + stride);
+  prologue_prefetch(pro, a.m[0].cols);
   pdl_wait();
+  trace_mark(a.trace, 1);
   stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
   int const lane = threadIdx.x & 31;
@@ -757,6 +870,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
     ci = ni;
     cr = nr;
   }
+  trace_end(a.trace);
 }
 
 // ---- FP8 matvec on f16 tensor cores (mma.sync.m16n8k16, fp32 accumulate) -----------------------------------------
@@ -831,6 +945,7 @@ __global__ void __launch_bounds__(kThreads) matvec_mma_kernel(MultiArgs a, float
     std::int64_t const r = (std::int64_t(blockIdx.x) - a.task_begin[i]) * 16 + 2 * warp;
     if (r < m.rows) warp_prefetch(static_cast<char const*>(m.data) + r * m.ld, (m.rows - r < 2 ? m.rows - r : 2) * m.ld);
   }
+  prologue_prefetch(pro, cols);
   pdl_wait();
   stage_input(xs, x, cols, cols, pro);
   __syncthreads();

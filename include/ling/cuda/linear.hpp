@@ -262,6 +262,11 @@ struct InputPrologue {
   float const* gate = nullptr;    // kGatedHeadNorm: [cols]
   int head = 0;                   // kGatedHeadNorm: elements per head (divides cols)
   float eps = 1e-6f;
+  // kFusedWeights: aligned inputs load the norm weights (and the gate) with x, one round trip (linear.cuh
+  // stage_input); kPrefetchWeights: the launch asks the L2 for the norm weights before its PDL wait. Both by default;
+  // the model's LING_PROLOGUE=<bits> sets them for A/B measurements.
+  static constexpr int kFusedWeights = 1, kPrefetchWeights = 2;
+  int flags = kFusedWeights | kPrefetchWeights;
 };
 
 // y[rows] = W x, x fp32 [cols], fp32 accumulation. Returns cudaErrorInvalidValue for an empty matrix; graph-safe

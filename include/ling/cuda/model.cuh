@@ -100,6 +100,21 @@ class CudaModel {
     return t;
   }
 
+  // LING_TRACE builds only (measurements): zeroes the timeline, runs one greedy step and returns per layer and region
+  // (attention projections, KDA step, o_proj / MLA dense, router, MoE A, MoE B) the blocks' records
+  // [layers][6][kTraceBlocks][4] in ns of %globaltimer (0 = not written). Empty without LING_TRACE.
+  std::vector<unsigned long long> trace_step() {
+    if (!trace_) return {};
+    std::size_t const n = layers_.size() * kTraceSlots * std::size_t(ops::kTraceRegion);
+    check(cudaMemsetAsync(trace_, 0, n * 8, stream_), "trace reset");
+    step_greedy();
+    std::vector<unsigned long long> v(n);
+    check(cudaMemcpyAsync(v.data(), trace_, n * 8, cudaMemcpyDeviceToHost, stream_), "trace download");
+    synchronize();
+    return v;
+  }
+  static constexpr int kTraceSlots = 6;
+
   // Switches the LM head (recaptures the graph on the next step).
   void set_lm_head_fp8(bool fp8) {
     if (fp8 == opt_.lm_head_fp8) return;
@@ -493,6 +508,7 @@ class CudaModel {
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     head_counter_ = scratch<unsigned>(1);
+    if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
     pos_dev_ = scratch<std::int32_t>(1);
@@ -520,16 +536,55 @@ class CudaModel {
   }
 
   // ---- launches --------------------------------------------------------------------------------------
-  ops::PrologueArgs norm_pa(float const* w) const { return {ops::Prologue::kRmsNorm, w, nullptr, 0, float(c_.rms_norm_eps)}; }
+  ops::PrologueArgs norm_pa(float const* w) const {
+    ops::PrologueArgs p{ops::Prologue::kRmsNorm, w, nullptr, 0, float(c_.rms_norm_eps)};
+    p.flags = prologue_flags();
+    return p;
+  }
+  static int prologue_flags() {
+    static int const f = [] {
+      char const* e = std::getenv("LING_PROLOGUE");
+      return e && *e ? std::atoi(e) : ops::PrologueArgs::kFusedWeights | ops::PrologueArgs::kPrefetchWeights;
+    }();
+    return f;
+  }
+
+  // LING_SKIP=a,b,...: leave those launches out of the step (in-place cost of each part of the step, for
+  // measurements only; the outputs are then meaningless): kproj, kstep, oproj, mla (a gated-MLA layer's attention
+  // launches), router, moea (MoE launch A), moeb (launch B), head.
+  static bool skipped(char const* what) {
+    static std::string const list = [] {
+      char const* e = std::getenv("LING_SKIP");
+      return "," + std::string(e ? e : "") + ",";
+    }();
+    return list.find("," + std::string(what) + ",") != std::string::npos;
+  }
+
+  // LING_TRACE set (not "0"; `ling bench` writes its table to that path): every layer's launches record a per-block
+  // timeline (cuda/linear.cuh "step timeline") into trace_, 6 regions per layer: attention projections (the first
+  // launch), KDA step, o_proj / MLA dense, router, MoE A, MoE B.
+  static bool trace_enabled() {
+    static bool const on = [] {
+      char const* e = std::getenv("LING_TRACE");
+      return e && *e && *e != '0';
+    }();
+    return on;
+  }
+  void trace_at(std::size_t layer, int slot) {
+    ops::trace_next() = trace_ ? trace_ + (std::int64_t(layer) * kTraceSlots + slot) * ops::kTraceRegion : nullptr;
+  }
 
   void enqueue_step(cudaStream_t st) {
     ModelConfig const& c = c_;
     embedding({embed_, token_dev_, x_, 1}, st);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       Layer& l = layers_[i];
+      trace_at(i, 0);
       if (!l.mla) {
-        ops::matvec(st, x_, norm_pa(l.in_norm),
-                    {{&l.k.q, xq_}, {&l.k.k, xk_}, {&l.k.v, xv_}, {&l.k.f, xf_}, {&l.k.g, xg_}, {&l.k.b, xb_}});
+        if (!skipped("kproj")) {
+          ops::matvec(st, x_, norm_pa(l.in_norm),
+                      {{&l.k.q, xq_}, {&l.k.k, xk_}, {&l.k.v, xv_}, {&l.k.f, xf_}, {&l.k.g, xg_}, {&l.k.b, xb_}});
+        }
         KdaStepArgs ka;
         ka.heads = int(c.num_attention_heads);
         ka.head_dim = int(c.head_dim);
@@ -539,12 +594,16 @@ class CudaModel {
         ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
         ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
         ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
-        kda_step(ka, st);
-        ops::matvec(st, o_, {ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)},
-                    {{&l.k.o, x_, x_}});
-      } else {
+        ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+        if (!skipped("kstep")) kda_step(ka, st);
+        trace_at(i, 2);
+        ops::PrologueArgs po{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)};
+        po.flags = prologue_flags();
+        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
+      } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
           ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
+          ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
           ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}});
         } else {
           ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
@@ -556,7 +615,9 @@ class CudaModel {
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
         ma.kernel = mla_kernel_choice();
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
+        ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
+        trace_at(i, 2);
         ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
       }
       FfnL& f = l.f;
@@ -571,7 +632,8 @@ class CudaModel {
         ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
                              c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
         bool const fused = !f.mma && ops::fused_router_enabled();
-        ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
+        trace_at(i, 3);
+        if (!skipped("router")) ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
         a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
         a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
         a.top_k = int(c.num_experts_per_tok);
@@ -584,10 +646,13 @@ class CudaModel {
       } else {
         a.shared_limit = 0.f;  // the dense MLP has no clamp
       }
+      a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
+      trace_at(i, 4);  // B: region 5
       ops::moe(st, x_, norm_pa(l.post_norm), a, f.routed, f.sg.format, x_, x_);
     }
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
-    ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
+    ops::trace_next() = nullptr;
+    if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
   }
 
   // LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one; unset: automatic.
@@ -655,6 +720,7 @@ class CudaModel {
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
+  unsigned long long* trace_ = nullptr;  // LING_TRACE: layers × 6 regions (arena)
 };
 
 }  // namespace ling::cuda

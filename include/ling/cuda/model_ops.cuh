@@ -118,6 +118,18 @@ using kernels::pdl_trigger;
 using kernels::pdl_wait;
 using kernels::prefetch_l2;
 using kernels::warp_prefetch;
+using kernels::trace_mark;
+using kernels::trace_end;
+using kernels::kTraceBlocks;
+using kernels::kTracePhases;
+
+// Step timeline (CudaModel's LING_TRACE; measurements only): the trace region the next matvec / router / KDA launch
+// gets (MoE: launch A's; launch B's follows it), or null.
+inline unsigned long long*& trace_next() {
+  static thread_local unsigned long long* p = nullptr;
+  return p;
+}
+inline constexpr std::int64_t kTraceRegion = std::int64_t(kTraceBlocks) * kTracePhases;
 
 // Launches `kernel` on `st` (PDL attribute when enabled); throws ling::Error on failure.
 template <class... KArgs, class... Args>
@@ -264,6 +276,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.task_begin[n + 1] = a.task_begin[n] + (o.m->rows + NR - 1) / NR;
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
+      a.trace = trace_next();
       if (mma) check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
       else check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec");
     });
@@ -298,7 +311,7 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
       return;
     else {
     kernels::RouterArgs a{matrix_args(w), ra.bias, ra.logits, logits_only ? nullptr : ra.counter, ra.sel_idx, ra.sel_w,
-                          ra.top_k, ra.n_group, ra.topk_group, ra.scaling, ra.norm_topk_prob ? 1 : 0};
+                          ra.top_k, ra.n_group, ra.topk_group, ra.scaling, ra.norm_topk_prob ? 1 : 0, trace_next()};
     check(kernels::launch_router_keyed(kernels::make_key<P>(), a, x, pa, st), "router");
     }
   });
@@ -339,6 +352,7 @@ struct MoeArgs {
   float shared_limit = 0.f;
   int hidden = 0;
   float* act = nullptr;   // [top_k * inter + shared_inter]
+  bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
 };
 
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
@@ -384,6 +398,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.top_k = a.top_k;
   k.routed_limit = a.limit;
+  k.trace_a = trace_next();
+  k.trace_b = k.trace_a ? k.trace_a + kTraceRegion : nullptr;
   k.shared_limit = a.shared_limit;
   if (a.routed_mma) {
     require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,
@@ -400,8 +416,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();
-    check(kernels::launch_moe_gate_up_keyed(ke, ks, k, x, pa, a.act, st), "moe gate/up");
-    check(kernels::launch_moe_down_keyed(ke, ks, k, a.act, residual, out, st), "moe down");
+    if (!a.skip_a) check(kernels::launch_moe_gate_up_keyed(ke, ks, k, x, pa, a.act, st), "moe gate/up");
+    if (!a.skip_b) check(kernels::launch_moe_down_keyed(ke, ks, k, a.act, residual, out, st), "moe down");
   };
   auto with_shared = [&](auto pe) {
     if (shared == MatFormat::kBf16) shared_fast ? run(pe, quant::Bf16{}) : run(pe, kernels::Unaligned<quant::Bf16>{});

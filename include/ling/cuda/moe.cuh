@@ -49,6 +49,8 @@ struct MoeArgs {
   RouteSel route;
   int* sel_idx;
   float* sel_w;
+  unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
+  unsigned long long* trace_b;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -277,10 +279,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
   pdl_trigger();
+  trace_mark(a.trace_a, 0);
   prefetch_shared_gate_up<PS>(a, std::int64_t(a.top_k) * a.gate.rows, 1);
+  prologue_prefetch(pro, a.has_shared ? a.sgate.cols : a.gate.cols);
   pdl_wait();
+  trace_mark(a.trace_a, 1);
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
   moe_block_routing(a, s_idx);
+  trace_mark(a.trace_a, 2);
   // int8 path: the limbs and block scales follow the staged floats in shared memory
   int const nblk = int(a.gate.cols >> 5);
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
@@ -325,6 +331,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
     }
     if (lane == 0) h[t] = swiglu(g, v, limit);
   }
+  trace_end(a.trace_a);
 }
 
 // Launch B's routed slots: each slot's down matrix and scales (nullptr for an id out of range) and its routing weight,
@@ -462,8 +469,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
   int const seg = int(round32(staged_elems<PE>(a.down)));  // staged floats per routed slot
   std::int64_t const inter = a.down.cols;
   pdl_trigger();
+  trace_mark(a.trace_b, 0);
   prefetch_shared_down<PS>(a, 1);
   pdl_wait();
+  trace_mark(a.trace_b, 1);
   if (seg == inter)  // the staged layout is h itself (Ling: inter = 768): a straight copy
     stage_x4(xs, h, std::int64_t(a.top_k) * inter + (a.has_shared ? a.sdown.cols : 0),
              std::int64_t(a.top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0));
@@ -515,6 +524,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
     float const v = warp_sum(acc);
     if (lane == 0) out[r] = residual ? residual[r] + v : v;
   }
+  trace_end(a.trace_b);
 }
 
 template <class PE, class PS>
@@ -660,6 +670,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, fl
   auto* lo = hi + hidden;
   auto* sx = reinterpret_cast<float*>(lo + hidden);
   pdl_trigger();
+  prologue_prefetch(pro, hidden);
   pdl_wait();
   stage_input(xs, u, hidden, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
@@ -890,12 +901,16 @@ __global__ void __launch_bounds__(kW * 32, 1)
   };
 
   pdl_trigger();
+  trace_mark(a.trace_a, 0);
   // before the wait: this warp's leading shared-expert tiles (their commit groups are closed below, in tile order)
   int pre = 0;
   while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) issue(pre++);
+  prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   pdl_wait();
+  trace_mark(a.trace_a, 1);
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   moe_block_routing(a, s_idx);
+  trace_mark(a.trace_a, 2);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
   for (int m = 0; m < D; ++m) {
     if (m >= pre && m < mine) issue(m);
@@ -968,6 +983,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     cp_async_commit();
   }
   cp_async_wait(0);
+  trace_end(a.trace_a);
 }
 
 // Launch B streamed: tile = `rows` output rows; a buffer holds those rows of each slot's down matrix (slot_bytes apart:

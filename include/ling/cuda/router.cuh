@@ -20,6 +20,7 @@ struct RouterArgs {
   int top_k, n_group, topk_group;
   float routed_scaling;
   int norm_topk_prob;
+  unsigned long long* trace = nullptr;  // step timeline region (measurements), or null
 };
 
 // What the grouped top-k selection reads: the E router logits (complete in global memory) and the config.
@@ -30,9 +31,21 @@ struct RouteSel {
   float routed_scaling = 1.f;
 };
 
+// Lane k < top_k of the calling warp holds pick k: writes it and its weight (the weight sum is gathered in pick
+// order, as the CPU adds them).
+__device__ __forceinline__ void router_write_picks(RouteSel const& a, float const* s_score, int chosen, int* out_idx, float* out_w) {
+  int const lane = threadIdx.x & 31;
+  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
+  float sum = 0.f;
+  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
+  if (lane < a.top_k) {
+    out_idx[lane] = chosen;
+    out_w[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
+  }
+}
+
 // The top-k of the selection by one warp, from the block's shared score arrays (s_sel: biased, dropped groups at
-// -inf; s_score: unbiased). Lane k writes pick k and its weight; the weight sum is gathered in pick order (as the
-// CPU adds them).
+// -inf; s_score: unbiased). Lane k writes pick k and its weight.
 template <int kPer>
 __device__ __forceinline__ void router_topk_warp(RouteSel const& a, float const* s_score, float const* s_sel, int* out_idx,
                                                  float* out_w) {
@@ -56,13 +69,21 @@ __device__ __forceinline__ void router_topk_warp(RouteSel const& a, float const*
       if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
     if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
   }
-  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
-  float sum = 0.f;
-  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
-  if (lane < a.top_k) {
-    out_idx[lane] = chosen;
-    out_w[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
+  router_write_picks(a, s_score, chosen, out_idx, out_w);
+}
+
+// Two-stage top-k of the grouped selection, stage 2 (one warp): lane l holds candidate key l (0: none) of the
+// kept groups' own top-k lists; the top_k rounds are one warp max each.
+__device__ __forceinline__ void router_topk_merge(RouteSel const& a, float const* s_score, unsigned long long key, int* out_idx,
+                                                  float* out_w) {
+  int const lane = threadIdx.x & 31;
+  int chosen = 0;
+  for (int k = 0; k < a.top_k; ++k) {
+    unsigned long long const best = warp_max_u64_fast(key);
+    if (key == best) key = 0ull;
+    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
   }
+  router_write_picks(a, s_score, chosen, out_idx, out_w);
 }
 
 // The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
@@ -115,6 +136,30 @@ __device__ inline void router_select_block(RouteSel const& a, int* out_idx, floa
       s_keep[g] = rank < a.topk_group ? 1 : 0;
     }
     __syncthreads();
+    if (gsize <= 64 && a.topk_group * a.top_k <= 32) {
+      // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k
+      // lists): the warps take the kept groups (2 keys per lane), then warp 0 merges the topk_group · top_k candidates
+      __shared__ unsigned long long s_cand[32];
+      if (threadIdx.x < 32) s_cand[threadIdx.x] = 0ull;
+      __syncthreads();
+      for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {
+        if (!s_keep[g]) continue;
+        int j = 0;
+        for (int o = 0; o < g; ++o) j += s_keep[o];
+        int const e0 = g * gsize + lane, e1 = e0 + 32;
+        unsigned long long k0 = lane < gsize ? argmax_key(s_sel[e0], e0) : 0ull;
+        unsigned long long k1 = lane + 32 < gsize ? argmax_key(s_sel[e1], e1) : 0ull;
+        for (int k = 0; k < a.top_k; ++k) {
+          unsigned long long const best = warp_max_u64_fast(k0 > k1 ? k0 : k1);
+          if (k0 == best) k0 = 0ull;
+          if (k1 == best) k1 = 0ull;
+          if (lane == k) s_cand[j * a.top_k + k] = best;
+        }
+      }
+      __syncthreads();
+      if (warp == 0) router_topk_merge(a, s_score, s_cand[lane], out_idx, out_w);
+      return;
+    }
     for (int e = threadIdx.x; e < E; e += blockDim.x)
       if (!s_keep[e / gsize]) s_sel[e] = ninf;
     __syncthreads();
@@ -135,12 +180,15 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   std::int64_t const tasks = (a.w.rows + NR - 1) / NR;
   pdl_trigger();
+  trace_mark(a.trace, 0);
   if constexpr (has_fast_kernel<P>) {  // the whole router matrix (2.6 MB in Ling-3.0-flash) is known before the wait
     std::int64_t const rb = a.w.ld * std::int64_t(sizeof(typename P::storage_type));
     for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps)
       warp_prefetch(static_cast<char const*>(a.w.data) + t * NR * rb, (a.w.rows - t * NR < NR ? a.w.rows - t * NR : NR) * rb);
   }
+  prologue_prefetch(pro, a.w.cols);
   pdl_wait();
+  trace_mark(a.trace, 1);
   stage_input(xs, u, a.w.cols, staged_elems<P>(a.w), pro);
   __syncthreads();
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps) {
@@ -163,6 +211,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
       if (valid[n] && lane == 0) a.logits[r[n]] = v;
     }
   }
+  trace_end(a.trace);
   if (!a.counter) return;  // logits only: the selection runs in the MoE launch (fused routing)
   __shared__ bool s_last;
   __threadfence();
