@@ -82,20 +82,27 @@ __device__ __forceinline__ float4 ld_x4(float const* __restrict__ x, int c, int 
   return make_float4(c < nn ? x[c] : 0.f, c + 1 < nn ? x[c + 1] : 0.f, c + 2 < nn ? x[c + 2] : 0.f,
                      c + 3 < nn ? x[c + 3] : 0.f);
 }
-// Stages x[0..nn) (16-byte aligned) into xs times `pre`, zero-filled up to `end` (a multiple of 32), kB float4 loads
-// in flight per thread; returns this thread's Σ x² (the RMSNorm prologue's statistic; unused results cost nothing).
-template <int kB>
-__device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, int nn, int end, float pre) {
+// Stages x[0..nn) (16-byte aligned) into xs times `pre` (kWeighted: times w[c] instead, w 16-byte aligned and loaded
+// with x: the RMSNorm prologue's one batch of loads), zero-filled up to `end` (a multiple of 32), kB float4 loads (or
+// pairs) in flight per thread; returns this thread's Σ x² (the RMSNorm statistic; unused results cost nothing).
+template <int kB, bool kWeighted = false>
+__device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, int nn, int end, float pre,
+                                        float const* __restrict__ w = nullptr) {
   float ss = 0.f;
   for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
-    float4 v[kB];
+    float4 v[kB], g[kWeighted ? kB : 1];
 #pragma unroll
-    for (int i = 0; i < kB; ++i) v[i] = ld_x4(x, 4 * (base + i * int(blockDim.x)), nn);
+    for (int i = 0; i < kB; ++i) {
+      int const c = 4 * (base + i * int(blockDim.x));
+      v[i] = ld_x4(x, c, nn);
+      if constexpr (kWeighted) g[i] = ld_x4(w, c, nn);
+    }
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
       int const c = 4 * (base + i * int(blockDim.x));
       if (c < end) {
-        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * pre, v[i].y * pre, v[i].z * pre, v[i].w * pre);
+        float4 const m = kWeighted ? g[i] : make_float4(pre, pre, pre, pre);
+        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * m.x, v[i].y * m.y, v[i].z * m.z, v[i].w * m.w);
         ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
       }
     }
@@ -136,32 +143,6 @@ __device__ __forceinline__ float block_sum(float v, float* red) {  // red: 32 fl
   __syncthreads();
   float t = lane < nwarps ? red[lane] : 0.f;
   return warp_sum(t);
-}
-
-// RMSNorm staging (x and w 16-byte aligned): each x float4 is loaded together with its weights and staged as x · w;
-// returns this thread's Σ x². kB float4 pairs in flight per thread (2: the registers of the old x-only batch of 4; a
-// batch of 3 made the pipelined matvec spill the row it loads before its PDL wait, measured 2026-11-30).
-template <int kB>
-__device__ __forceinline__ float stage4_rms(float* xs, float const* __restrict__ x, float const* __restrict__ w, int nn, int end) {
-  float ss = 0.f;
-  for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
-    float4 v[kB], g[kB];
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      int const c = 4 * (base + i * int(blockDim.x));
-      v[i] = ld_x4(x, c, nn);
-      g[i] = ld_x4(w, c, nn);
-    }
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      int const c = 4 * (base + i * int(blockDim.x));
-      if (c < end) {
-        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * g[i].x, v[i].y * g[i].y, v[i].z * g[i].z, v[i].w * g[i].w);
-        ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
-      }
-    }
-  }
-  return ss;
 }
 
 inline constexpr int kMaxGatedHeads = 256;
@@ -205,7 +186,9 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
   auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
   bool const fused = p.flags & InputPrologue::kFusedWeights;
   if (fused && p.kind == PrologueKind::kRmsNorm && aligned(x) && aligned(p.norm_w)) {
-    float const ss = stage4_rms<2>(xs, x, p.norm_w, nn, end);
+    // pairs of 2 per thread: the registers of the plain batch of 4 (a batch of 3 made the pipelined matvec spill the
+    // row it loads before its PDL wait, measured 2026-11-30)
+    float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
     float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
