@@ -341,6 +341,10 @@ int main(int argc, char** argv) {
   reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("dense_mlp_gate_up_2x[6144,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560); });
   reg("dense_mlp_down_[2560,6144]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 6144); });
+  reg("mla_q_kva_g_[6144|576|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560, true); });
+  reg("mla_kv_b_[8192,512]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, true); });
+  reg("dense_mlp_gate_up_2x[6144,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560, true); });
+  reg("dense_mlp_down_[2560,6144]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 6144, true); });
   reg("kda_qkvfgb_6x[4096|32,2560]_bf16", [](benchmark::State& s) { BM_MatvecMulti<Bf16>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("router_[512,2560]_bf16_topk", [](benchmark::State& s) { BM_Router(s); });
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });

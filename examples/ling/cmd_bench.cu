@@ -167,25 +167,32 @@ void cmd_bench(BenchArgs const& a) {
         if (t[i] && t[i] < t0) t0 = t[i];
       std::FILE* f = std::fopen(tp, "w");
       if (f) {
-        std::fprintf(f, "layer,region,blocks,entry_first,entry_last,wait_first,wait_last,mid_last,end_first,end_last\n");
+        std::fprintf(f, "layer,region,blocks,entry_first,entry_last,wait_first,wait_last,mid_median,mid_last,end_first,end_median,"
+                        "end_last\n");
         for (std::size_t l = 0; l < layers; ++l)
           for (int r = 0; r < slots; ++r) {
             unsigned long long const* b = t.data() + ((l * slots + std::size_t(r)) * kB) * kP;
             int n = 0;
             unsigned long long e0 = ~0ull, e1 = 0, w0 = ~0ull, w1 = 0, m1 = 0, d0 = ~0ull, d1 = 0;
+            std::vector<unsigned long long> mids, ends;
             for (int k = 0; k < kB; ++k) {
               unsigned long long const* q = b + std::size_t(k) * kP;
               if (!q[0]) continue;
               ++n;
               e0 = std::min(e0, q[0]), e1 = std::max(e1, q[0]);
               if (q[1]) w0 = std::min(w0, q[1]), w1 = std::max(w1, q[1]);
-              if (q[2]) m1 = std::max(m1, q[2]);
-              if (q[3]) d0 = std::min(d0, q[3]), d1 = std::max(d1, q[3]);
+              if (q[2]) m1 = std::max(m1, q[2]), mids.push_back(q[2]);
+              if (q[3]) d0 = std::min(d0, q[3]), d1 = std::max(d1, q[3]), ends.push_back(q[3]);
             }
             if (!n) continue;
             auto us = [&](unsigned long long v) { return (v == 0 || v == ~0ull) ? -1.0 : double(v - t0) * 1e-3; };
-            std::fprintf(f, "%zu,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", l, r, n, us(e0), us(e1), us(w0), us(w1), us(m1),
-                         us(d0), us(d1));
+            auto med = [](std::vector<unsigned long long>& v) {
+              if (v.empty()) return 0ull;
+              std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
+              return v[v.size() / 2];
+            };
+            std::fprintf(f, "%zu,%d,%d,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", l, r, n, us(e0), us(e1), us(w0), us(w1),
+                         us(med(mids)), us(m1), us(d0), us(med(ends)), us(d1));
           }
         std::fclose(f);
       }

@@ -128,6 +128,17 @@ TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) match
       return cuda::launch_matvec_multi_mma(ws, xp, y, nullptr);
     });
   }
+  // the kernel's geometries: 512 columns (4 tiles per group, 2 K splits), 2560 with more groups than resident blocks
+  // (each block's warps run on into their next group's loads), 6144 (three batches of segments per warp)
+  struct Shape {
+    std::int64_t cols;
+    std::vector<std::int64_t> rows;
+  };
+  for (Shape const& sh : {Shape{512, {300, 5}}, Shape{2560, {4100, 1000, 17}}, Shape{6144, {33}}}) {
+    check_multi<P>(sh.cols, sh.rows, randn(static_cast<std::size_t>(sh.cols)), [](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_mma(ws, xp, y, nullptr);
+    });
+  }
   // cols not a multiple of 64: refused (the caller falls back to the CUDA-core kernel)
   auto m = random_matrix<P>(8, 96, 0.05f);
   auto d = cuda::DeviceMatrix<P>::upload(m.view());

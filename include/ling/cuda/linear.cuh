@@ -153,6 +153,7 @@ inline constexpr int kMaxGatedHeads = 256;
 template <int kB>
 __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const* __restrict__ x, InputPrologue const& p, int nn,
                                              int end) {
+  int const shift = p.head == 128 ? 7 : 8;  // head 128 or 256 on this path
   for (int base = threadIdx.x; base < end / 4; base += blockDim.x * kB) {
     float4 v[kB], g[kB];
 #pragma unroll
@@ -166,11 +167,11 @@ __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const
       int const c = 4 * (base + i * int(blockDim.x));
       float const ss = warp_sum(fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, v[i].w * v[i].w))));
       if (c < end) {
-        float4 const w = ld_x4(p.norm_w, c % p.head, p.head);
-        auto gate = [](float t) { return 1.0f / (1.0f + expf(-t)); };
+        float4 const w = ld_x4(p.norm_w, c & (p.head - 1), p.head);
+        auto gate = [](float t) { return __frcp_rn(1.0f + expf(-t)); };  // = 1 / (1 + e^-t), correctly rounded
         *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * w.x * gate(g[i].x), v[i].y * w.y * gate(g[i].y),
                                                                v[i].z * w.z * gate(g[i].z), v[i].w * w.w * gate(g[i].w));
-        if ((threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c / p.head], ss);
+        if ((threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c >> shift], ss);
       }
     }
   }
@@ -202,7 +203,18 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     __syncthreads();
     stage4_gated<2>(xs, s_hs, x, p, nn, end);
     __syncthreads();
-    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= rsqrtf(s_hs[c / p.head] / float(p.head) + p.eps) * kXPre;
+    // each head's factor once (its division by the power-of-two head is a multiply), then one multiply per element:
+    // a division and an rsqrt per element made this prologue ~7 µs of o_proj's ~9 in place (trace, 2026-12-01)
+    float const inv_head = 1.0f / float(p.head);
+    for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = rsqrtf(s_hs[h] * inv_head + p.eps) * kXPre;
+    __syncthreads();
+    int const shift = p.head == 128 ? 7 : 8;
+    for (int c = 4 * int(threadIdx.x); c < nn; c += 4 * int(blockDim.x)) {
+      float4* const q = reinterpret_cast<float4*>(xs + xpad(c));
+      float const f = s_hs[c >> shift];
+      float4 const v = *q;
+      *q = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+    }
     return;
   }
   float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
@@ -835,6 +847,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
   trace_mark(a.trace, 1);
   stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
+  trace_mark(a.trace, 2);
   int const lane = threadIdx.x & 31;
   for (; t < total; t += stride) {
     std::int64_t const tn = t + stride;
@@ -857,12 +870,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
 }
 
 // ---- FP8 matvec on f16 tensor cores (mma.sync.m16n8k16, fp32 accumulate) -----------------------------------------
-// Not yet run on a GPU (written after session 2's device time was spent): opt-in (launch_matvec_multi_mma; the model
-// with LING_MATVEC_KERNEL=mma). A block of 8 warps takes one 16-row tile and splits its K: warp w takes the 64-column
-// segments w, w + 8, ...; lane (g = lane/4, t = lane%4) loads bytes [16t, 16t+16) of the segment of rows g and g + 8,
-// which are four MMAs' A fragments after `cvt e4m3x2 -> f16x2` (exact): MMA j takes elements 16t+4j .. 16t+4j+3 as
-// k = 2t, 2t+1, 2t+8, 2t+9, so the input, staged as two f16 limbs (hi, lo) with a power-of-two scale per segment,
-// keeps its natural order and lane (g < 2, t) reads its B registers with one 8-byte load (column 0 = hi, 1 = lo).
+// The FP8 matvec's instruction count, not its bytes, bounded the FFMA kernels (ncu 2026-12-01: 7.2 instructions per
+// weight in the KDA projections, IPC 2.6, 55% of issue slots; the converted weights cost 3 of them, the rest is
+// addressing): here each weight costs half a conversion and the multiply-adds go to the tensor cores. A 16-row tile's
+// row g and g + 8 (lane g = lane/4, t = lane%4) are read 16 bytes per lane per 64-column segment: bytes
+// [16t, 16t+16) are four MMAs' A fragments after `cvt e4m3x2 -> f16x2` (exact): MMA j takes elements
+// 16t+4j .. 16t+4j+3 as k = 2t, 2t+1, 2t+8, 2t+9, so the input, staged as two f16 limbs (hi, lo) with a power-of-two
+// scale per segment, keeps its natural order and lane (g < 2, t) reads its B registers with one 8-byte load
+// (column 0 = hi, 1 = lo).
 // D's columns 0 + 1 in the lanes with t = 0 are the segment's dot products of rows g and g + 8.
 __device__ __forceinline__ void mma_f16_acc(float (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -874,7 +889,7 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t two) {  /
   return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
 }
 inline constexpr int kMmaSeg = 64;         // input elements per x-scale segment (= 64 FP8 bytes of a row)
-inline constexpr int kMmaSegBatch = 3;     // segments per warp per batch of loads
+inline constexpr int kMmaBatch = 4;        // segments per warp per batch of loads (double-buffered)
 
 // hi/lo f16 limbs of staged xs positions [0, n) (n a multiple of kSeg, kSeg a multiple of 32), element c at limb
 // index pos(c), and a power-of-two scale per kSeg-element segment (x / sx in [2^14, 2^15) at the segment's largest
@@ -908,89 +923,139 @@ __device__ __forceinline__ void make_f16_limbs(float const* xs, int n, std::uint
   }
 }
 
-template <class K>
-__global__ void __launch_bounds__(kThreads) matvec_mma_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro) {
+// The kernel: a block of 8 warps takes groups of G consecutive 16-row tiles (G = 1, 2, 4 or 8, chosen on the host so
+// that each warp has a few segments): warp w takes tile w / (8 / G) of the group and the segments k, k + 8 / G, ... of
+// its K (k = w % (8 / G)). A warp's segments, over all of its block's groups, are one stream of batches of kS segments
+// (2 rows x 16 bytes per lane each), double-buffered: the next batch's loads are issued before this batch's MMAs, the
+// first batch's before the PDL wait. Each finished group's partial sums meet in shared memory (one barrier per
+// group, two buffers), and threads 0 .. 16G - 1 write its rows.
+// Measured 2026-12-01 (H200, bench/cuda_ops): KDA projections 20.9 µs, o_proj 6.6, MLA q/kv_a/g 8.9, kv_b 3.4, dense
+// gate/up 13.0, down 10.0, against 17.4 / 5.3 / 7.5 / 3.5 / 11.3 / 8.4 for the FFMA kernels, and 3.33 against 3.135
+// ms/token in the model: opt-in. The same kernel with cp.async rings (8 segments per warp in flight, no registers)
+// measured slower still (KDA projections 30.5 µs, 4.27 ms/token): the 64-byte pieces of 8 rows that a warp reads per
+// segment, spread over the K splits and the ring positions, break each row into many small requests, where the FFMA
+// kernel reads whole rows 512 contiguous bytes per instruction (docs/performance.md, session 6).
+template <class P, int kS>
+struct MmaBatch {
+  uint4 v[kS][2];  // rows g and g + 8, 16 bytes per segment
+  float sc[kS];    // the block scale of the segment (Fp8Block), 1 (Fp8Row), 0 (no segment)
+};
+struct MmaGeom {
+  std::int64_t groups, tiles;
+  int G, splits, nseg, nb;  // tiles per group, K splits, segments per row, batches per group
+};
+template <class P, int kS>
+__device__ __forceinline__ void mma_load(MmaBatch<P, kS>& B, MultiArgs const& a, MmaGeom const& q, std::int64_t grp, int b) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  std::int64_t const tile = grp * q.G + warp / q.splits;
+  int const ks = warp % q.splits;
+  bool const ok = tile < q.tiles;
+  int const i = ok ? task_matrix(a, tile) : 0;
+  MatrixArgs const& m = a.m[i];
+  std::int64_t const r0 = ok ? (tile - a.task_begin[i]) * 16 : 0;
+  std::int64_t const last = m.rows - 1;
+  auto const* rg = static_cast<std::uint8_t const*>(m.data) + (r0 + g < last ? r0 + g : last) * m.ld + 16 * t;
+  auto const* rg8 = static_cast<std::uint8_t const*>(m.data) + (r0 + g + 8 < last ? r0 + g + 8 : last) * m.ld + 16 * t;
+#pragma unroll
+  for (int u = 0; u < kS; ++u) {
+    int const s = ks + q.splits * (b * kS + u);
+    bool const has = ok && s < q.nseg;
+    B.v[u][0] = has ? ld_stream(reinterpret_cast<uint4 const*>(rg + s * kMmaSeg)) : make_uint4(0, 0, 0, 0);
+    B.v[u][1] = has ? ld_stream(reinterpret_cast<uint4 const*>(rg8 + s * kMmaSeg)) : make_uint4(0, 0, 0, 0);
+    if constexpr (std::is_same_v<P, quant::Fp8Block>)
+      B.sc[u] = has ? __ldg(static_cast<float const*>(m.scales) + (r0 >> 7) * ((m.cols + 127) >> 7) + ((s * kMmaSeg) >> 7)) : 0.f;
+    else
+      B.sc[u] = has ? 1.f : 0.f;
+  }
+}
+
+template <class K, int kS>
+__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro,
+                                                                 MmaGeom q) {
   using P = policy_of<K>;
   static_assert(std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>, "FP8 policies only");
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ float s_red[kWarps][16];
-  int const cols = int(a.m[0].cols), nseg = cols / kMmaSeg;
+  __shared__ float s_red[2][kWarps][16];
+  int const cols = int(a.m[0].cols);
   auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(cols));
-  auto* lo = hi + cols;
-  auto* sx = reinterpret_cast<float*>(lo + cols);
+  auto* lo = hi + cols + 8;  // 16 bytes apart from hi's banks
+  auto* sx = reinterpret_cast<float*>(lo + cols + 8);
   int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  std::int64_t const total = a.task_begin[a.count];
+  int const ks = warp % q.splits;
   pdl_trigger();
-  if (std::int64_t(blockIdx.x) < total) {  // this block's first tile: rows 2w, 2w + 1 per warp
-    int const i = task_matrix(a, blockIdx.x);
-    MatrixArgs const& m = a.m[i];
-    std::int64_t const r = (std::int64_t(blockIdx.x) - a.task_begin[i]) * 16 + 2 * warp;
-    if (r < m.rows) warp_prefetch(static_cast<char const*>(m.data) + r * m.ld, (m.rows - r < 2 ? m.rows - r : 2) * m.ld);
-  }
+  trace_mark(a.trace, 0);
+  MmaBatch<P, kS> cur, nxt;
+  std::int64_t grp = blockIdx.x;
+  int b = 0;
+  mma_load(cur, a, q, grp, b);  // weights do not depend on the producer
   prologue_prefetch(pro, cols);
   pdl_wait();
+  trace_mark(a.trace, 1);
   stage_input(xs, x, cols, cols, pro);
   __syncthreads();
   make_f16_limbs<kMmaSeg>(xs, cols, hi, lo, sx, [](int c) { return c; });
   __syncthreads();
-  std::uint16_t const* limb = g == 0 ? hi : lo;
-  for (std::int64_t task = blockIdx.x; task < total; task += gridDim.x) {  // block-uniform
-    int const i = task_matrix(a, task);
-    MatrixArgs const& m = a.m[i];
-    std::int64_t const r0 = (task - a.task_begin[i]) * 16;
-    bool const ok_g = r0 + g < m.rows, ok_g8 = r0 + g + 8 < m.rows;
-    auto const* row_g = static_cast<std::uint8_t const*>(m.data) + (ok_g ? r0 + g : 0) * m.ld;
-    auto const* row_g8 = static_cast<std::uint8_t const*>(m.data) + (ok_g8 ? r0 + g + 8 : 0) * m.ld;
-    float const* bscale = static_cast<float const*>(m.scales) + (r0 >> 7) * ((m.cols + 127) >> 7);  // Fp8Block only
-    float acc[2] = {0.f, 0.f};
-    for (int s0 = warp; s0 < nseg; s0 += kWarps * kMmaSegBatch) {
-      uint4 wv[kMmaSegBatch][2];
+  std::uint16_t const* limb = (g == 0 ? hi : lo) + 16 * t;
+  float acc0 = 0.f, acc1 = 0.f;  // rows g and g + 8 (lanes t = 0)
+  int buf = 0;
+  while (grp < q.groups) {  // block-uniform
+    std::int64_t ngrp = grp;
+    int nb = b + 1;
+    if (nb == q.nb) {
+      nb = 0;
+      ngrp += gridDim.x;
+    }
+    if (ngrp < q.groups) mma_load(nxt, a, q, ngrp, nb);
 #pragma unroll
-      for (int u = 0; u < kMmaSegBatch; ++u) {
-        int const sg = s0 + u * kWarps;
-        wv[u][0] = sg < nseg && ok_g ? ld_stream(row_g + sg * kMmaSeg + t * 16) : make_uint4(0, 0, 0, 0);
-        wv[u][1] = sg < nseg && ok_g8 ? ld_stream(row_g8 + sg * kMmaSeg + t * 16) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kMmaSegBatch; ++u) {
-        int const sg = s0 + u * kWarps;
-        if (sg >= nseg) break;
+    for (int u = 0; u < kS; ++u) {
+      int const s = ks + q.splits * (b * kS + u);
+      if (s < q.nseg) {  // warp-uniform
         float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          std::uint32_t const wg = word(wv[u][0], j), wg8 = word(wv[u][1], j);
+          std::uint32_t const wg = word(cur.v[u][0], j), wg8 = word(cur.v[u][1], j);
           std::uint32_t const af[4] = {e4m3x2_to_f16x2(wg), e4m3x2_to_f16x2(wg8), e4m3x2_to_f16x2(wg >> 16),
                                        e4m3x2_to_f16x2(wg8 >> 16)};
-          uint2 b = make_uint2(0, 0);
-          if (g < 2) b = *reinterpret_cast<uint2 const*>(limb + sg * kMmaSeg + 16 * t + 4 * j);
-          mma_f16_acc(d, af, b.x, b.y);
+          uint2 bb = make_uint2(0, 0);
+          if (g < 2) bb = *reinterpret_cast<uint2 const*>(limb + s * kMmaSeg + 4 * j);
+          mma_f16_acc(d, af, bb.x, bb.y);
         }
-        float sc = sx[sg];
-        if constexpr (std::is_same_v<P, quant::Fp8Block>) sc *= __ldg(bscale + ((sg * kMmaSeg) >> 7));
-        acc[0] = fmaf(d[0] + d[1], sc, acc[0]);
-        acc[1] = fmaf(d[2] + d[3], sc, acc[1]);
+        float const sc = cur.sc[u] * sx[s];
+        acc0 = fmaf(d[0] + d[1], sc, acc0);
+        acc1 = fmaf(d[2] + d[3], sc, acc1);
       }
     }
-    if (t == 0) {
-      s_red[warp][g] = acc[0];
-      s_red[warp][g + 8] = acc[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-      std::int64_t const r = r0 + threadIdx.x;
-      if (r < m.rows) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += s_red[w][threadIdx.x];
-        v *= kPostPlain;
-        if constexpr (std::is_same_v<P, quant::Fp8Row>) v *= __ldg(static_cast<float const*>(m.scales) + r);
-        if (a.residual[i]) v += a.residual[i][r];
-        a.out[i][r] = v;
+    if (b == q.nb - 1) {  // the group is done: reduce over the K splits, write its rows
+      if (t == 0) {
+        s_red[buf][warp][g] = acc0;
+        s_red[buf][warp][g + 8] = acc1;
       }
+      acc0 = acc1 = 0.f;
+      __syncthreads();
+      if (int(threadIdx.x) < 16 * q.G) {
+        int const ts = threadIdx.x >> 4, row = threadIdx.x & 15;
+        std::int64_t const tile = grp * q.G + ts;
+        if (tile < q.tiles) {
+          int const i = task_matrix(a, tile);
+          std::int64_t const r = (tile - a.task_begin[i]) * 16 + row;
+          if (r < a.m[i].rows) {
+            float v = 0.f;
+            for (int k = 0; k < q.splits; ++k) v += s_red[buf][ts * q.splits + k][row];
+            v *= kPostPlain;
+            if constexpr (std::is_same_v<P, quant::Fp8Row>) v *= __ldg(static_cast<float const*>(a.m[i].scales) + r);
+            if (a.residual[i]) v += a.residual[i][r];
+            a.out[i][r] = v;
+          }
+        }
+      }
+      buf ^= 1;
     }
-    __syncthreads();
+    cur = nxt;
+    grp = ngrp;
+    b = nb;
   }
+  trace_end(a.trace);
 }
 
 template <class P>
@@ -1006,13 +1071,22 @@ cudaError_t launch_matvec_mma_args(MultiArgs const& a, float const* x, InputProl
   } else {
     if (!matvec_mma_supported<P>(a.m[0].cols)) return cudaErrorInvalidValue;
     int const cols = int(a.m[0].cols);
-    std::size_t const smem = std::size_t(xs_floats(cols)) * sizeof(float) + std::size_t(cols) * 4 +
+    std::size_t const smem = std::size_t(xs_floats(cols)) * sizeof(float) + (std::size_t(cols) + 8) * 4 +
                              std::size_t(cols / kMmaSeg) * sizeof(float) + 16;
-    auto kernel = matvec_mma_kernel<P>;
+    MmaGeom q{};
+    q.nseg = cols / kMmaSeg;
+    q.tiles = a.task_begin[a.count];
+    q.G = 1;  // tiles per group: enough K splits for a few segments per warp (>= 4 where the rows allow)
+    while (q.G < kWarps && q.nseg * q.G < 4 * kWarps) q.G *= 2;
+    q.splits = kWarps / q.G;
+    q.nb = (q.nseg + q.splits - 1) / q.splits;
+    q.nb = (q.nb + kMmaBatch - 1) / kMmaBatch;
+    q.groups = (q.tiles + q.G - 1) / q.G;
+    auto kernel = matvec_mma_kernel<P, kMmaBatch>;
     int blocks = 0;
-    cudaError_t e = persistent_grid(kernel, smem, a.task_begin[a.count], blocks);
+    cudaError_t e = persistent_grid(kernel, smem, q.groups, blocks);
     if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro, q);
   }
 }
 

@@ -282,7 +282,7 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
                                 cudaStream_t stream);
 
 // The same on f16 tensor cores (FP8-block and FP8-row only, cols a multiple of 64; linear.cuh explains the layout).
-// Not yet measured: the model uses it only with LING_MATVEC_KERNEL=mma.
+// Measured slower than the CUDA-core kernel (2026-12-01): the model uses it only with LING_MATVEC_KERNEL=mma.
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                     cudaStream_t stream);

@@ -481,6 +481,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
   stage_idx(s_idx, s_w, a);
   if constexpr (RowDot<PE>::kFast) stage_down_slots<PE>(s_slots, a);
   __syncthreads();
+  trace_mark(a.trace_b, 2);
   int const bps = seg / 32, nblk = a.top_k * bps;  // int8 path: limbs of the routed segments after the floats
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(std::int64_t(a.top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0)));
   float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
