@@ -396,6 +396,11 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
                                 a.route->topk_group, a.route->norm_topk_prob ? 1 : 0, a.route->scaling};
     k.sel_idx = a.sel_idx;
     k.sel_w = a.sel_w;
+    static bool const ahead = [] {  // LING_ROUTE_AHEAD=0: the selection loads its logits itself (A/B measurements)
+      char const* e = std::getenv("LING_ROUTE_AHEAD");
+      return !(e && *e == '0');
+    }();
+    k.route_ahead = ahead ? 1 : 0;
   }
   k.top_k = a.top_k;
   k.routed_limit = a.limit;

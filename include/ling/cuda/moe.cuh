@@ -49,6 +49,7 @@ struct MoeArgs {
   RouteSel route;
   int* sel_idx;
   float* sel_w;
+  int route_ahead = 1;          // the streamed launch A loads the selection's inputs ahead (router.cuh RouteAhead)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
 };
@@ -64,11 +65,12 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
-__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx) {
+__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, RouteAhead const& ahead = {},
+                                                  bool use_ahead = false) {
   if (a.route.logits) {
     __shared__ float s_wsel[kMoeMaxTopK];
-    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel);
-    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel);
+    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel, ahead, use_ahead);
+    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel, ahead, use_ahead);
     __syncthreads();
     if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
       a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
@@ -907,10 +909,14 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int pre = 0;
   while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) issue(pre++);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
+  bool const ahead = a.route.logits && a.route_ahead;
+  RouteAhead ra{};
+  if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
+  if (ahead) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-  moe_block_routing(a, s_idx);
+  moe_block_routing(a, s_idx, ra, ahead);
   trace_mark(a.trace_a, 2);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
   for (int m = 0; m < D; ++m) {

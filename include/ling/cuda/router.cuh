@@ -31,6 +31,28 @@ struct RouteSel {
   float routed_scaling = 1.f;
 };
 
+// The selection's first inputs in registers, loaded ahead of the caller's other prologue work (MoE launch A: the
+// biases before its PDL wait, the logits right after it, both in flight while the input is staged), so that the
+// selection does not start with another L2 round trip: thread i holds experts i + k · blockDim.x, k < kRouteAhead.
+inline constexpr int kRouteAhead = 2;
+struct RouteAhead {
+  float l[kRouteAhead], b[kRouteAhead];
+};
+__device__ __forceinline__ void route_ahead_bias(RouteSel const& a, RouteAhead& r) {
+#pragma unroll
+  for (int k = 0; k < kRouteAhead; ++k) {
+    int const e = int(threadIdx.x) + k * int(blockDim.x);
+    r.b[k] = a.bias && e < a.experts ? a.bias[e] : 0.f;
+  }
+}
+__device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead& r) {
+#pragma unroll
+  for (int k = 0; k < kRouteAhead; ++k) {
+    int const e = int(threadIdx.x) + k * int(blockDim.x);
+    r.l[k] = e < a.experts ? __ldcg(a.logits + e) : 0.f;  // written by the router launch: bypass L1
+  }
+}
+
 // Lane k < top_k of the calling warp holds pick k: writes it and its weight (the weight sum is gathered in pick
 // order, as the CPU adds them).
 __device__ __forceinline__ void router_write_picks(RouteSel const& a, float const* s_score, int chosen, int* out_idx, float* out_w) {
@@ -89,19 +111,29 @@ __device__ __forceinline__ void router_topk_merge(RouteSel const& a, float const
 // The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
 // to out_idx[k] and its weight to out_w[k] (global or shared memory; the caller synchronizes before reading them).
 template <int kPer>  // experts per lane of the top-k warp: E <= 32 * kPer
-__device__ inline void router_select_block(RouteSel const& a, int* out_idx, float* out_w) {
+__device__ __forceinline__ void router_select_block(RouteSel const& a, int* out_idx, float* out_w, RouteAhead const& ahead = {},
+                                                    bool use_ahead = false) {
   __shared__ float s_score[kRouterMaxExperts];
   __shared__ float s_sel[kRouterMaxExperts];
   __shared__ float s_group[kRouterMaxGroups];
   __shared__ unsigned char s_keep[kRouterMaxGroups];
   int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float const ninf = __uint_as_float(0xFF800000u);
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    float const l = __ldcg(a.logits + e);  // written by other blocks: bypass L1
+  auto put = [&](int e, float l, float bias) {
     float const s = 1.0f / (1.0f + expf(-l));
     s_score[e] = s;
-    s_sel[e] = s + (a.bias ? a.bias[e] : 0.f);
+    s_sel[e] = s + bias;
+  };
+  int e0 = threadIdx.x;
+  if (use_ahead) {
+#pragma unroll
+    for (int k = 0; k < kRouteAhead; ++k) {
+      int const e = int(threadIdx.x) + k * int(blockDim.x);
+      if (e < E) put(e, ahead.l[k], ahead.b[k]);
+    }
+    e0 += kRouteAhead * int(blockDim.x);
   }
+  for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
   __syncthreads();
   int const gsize = E / a.n_group;
   bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
