@@ -1,13 +1,15 @@
 // Probe: how fast does one launch read N bytes it requests all at once (the decode step's situation: every op is a
 // short read that starts at a dependency), against a paced sweep? Graph of L back-to-back launches over rotating
 // buffers (reuse distance past the L2), optional PDL (trigger at entry, wait before the loads). Prints µs/launch.
-// Build: nvcc -O3 -std=c++20 -arch=sm_90a bench/probes/read_shot.cu -o read_shot
+// Built as the target read_shot (CUDA builds); `LING_NO_PDL` must be unset for the PDL rows.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "ling/cuda/linear.cuh"
 
 #define CK(x)                                                                                     \
   do {                                                                                            \
@@ -24,36 +26,42 @@ __device__ __forceinline__ void pre() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
-// every thread: K loads at i + k T (T = all threads), all issued before use
+inline constexpr std::size_t kNone = ~std::size_t(0);
+// K loads p[at(k)] (kNone: none) all issued before any is used, folded by xor so that they cannot be optimised away
+template <int K, class At>
+__device__ __forceinline__ std::uint32_t fold_loads(uint4 const* p, At at) {
+  uint4 v[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    std::size_t const j = at(k);
+    v[k] = j != kNone ? ldnc(p + j) : make_uint4(0, 0, 0, 0);
+  }
+  std::uint32_t acc = 0;
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  return acc;
+}
+__device__ __forceinline__ void sink_if(std::uint32_t acc, std::uint32_t* sink) {
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+// every thread: K loads at i + k T (T = all threads)
 template <int K>
 __global__ void __launch_bounds__(256) flat(uint4 const* p, std::size_t n, std::uint32_t* sink) {
   pre();
   std::size_t const T = std::size_t(gridDim.x) * blockDim.x, i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  uint4 v[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) v[k] = i + k * T < n ? ldnc(p + i + k * T) : make_uint4(0, 0, 0, 0);
-  std::uint32_t acc = 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  if (acc == 0x9E3779B9u) *sink = acc;
+  sink_if(fold_loads<K>(p, [&](int k) { return i + k * T < n ? i + k * T : kNone; }), sink);
 }
-// every warp: one row of R16 uint4 (lane l: l + 32 u), all issued before use (R16 <= 32 K)
+// every warp: one row of r16 uint4 (lane l: l + 32 u; r16 <= 32 K)
 template <int K>
 __global__ void __launch_bounds__(256) rows(uint4 const* p, std::size_t n, int r16, std::uint32_t* sink) {
   pre();
   std::size_t const w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   int const lane = threadIdx.x & 31;
-  uint4 const* row = p + w * r16;
-  uint4 v[K];
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    int const j = lane + 32 * k;
-    v[k] = j < r16 && w * r16 + j < n ? ldnc(row + j) : make_uint4(0, 0, 0, 0);
-  }
-  std::uint32_t acc = 0;
-#pragma unroll
-  for (int k = 0; k < K; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  if (acc == 0x9E3779B9u) *sink = acc;
+  sink_if(fold_loads<K>(p, [&](int k) {
+            std::size_t const j = w * r16 + std::size_t(lane + 32 * k);
+            return lane + 32 * k < r16 && j < n ? j : kNone;
+          }),
+          sink);
 }
 // persistent sweep: block b reads slice [b s, (b+1) s) with K loads in flight per thread
 template <int K>
@@ -61,14 +69,9 @@ __global__ void __launch_bounds__(512) sweep(uint4 const* p, std::size_t n, std:
   pre();
   std::size_t const s = (n + gridDim.x - 1) / gridDim.x, b0 = blockIdx.x * s, b1 = b0 + s < n ? b0 + s : n;
   std::uint32_t acc = 0;
-  for (std::size_t i = b0 + threadIdx.x; i < b1; i += K * blockDim.x) {
-    uint4 v[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = i + k * blockDim.x < b1 ? ldnc(p + i + k * blockDim.x) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int k = 0; k < K; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
+  for (std::size_t i = b0 + threadIdx.x; i < b1; i += K * blockDim.x)
+    acc ^= fold_loads<K>(p, [&](int k) { return i + k * blockDim.x < b1 ? i + k * blockDim.x : kNone; });
+  sink_if(acc, sink);
 }
 // grid-stride sweep (the bandwidth kernel's order), K in flight
 template <int K>
@@ -76,14 +79,9 @@ __global__ void __launch_bounds__(512) gsweep(uint4 const* p, std::size_t n, std
   pre();
   std::size_t const T = std::size_t(gridDim.x) * blockDim.x;
   std::uint32_t acc = 0;
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += K * T) {
-    uint4 v[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) v[k] = i + k * T < n ? ldnc(p + i + k * T) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int k = 0; k < K; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-  }
-  if (acc == 0x9E3779B9u) *sink = acc;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += K * T)
+    acc ^= fold_loads<K>(p, [&](int k) { return i + k * T < n ? i + k * T : kNone; });
+  sink_if(acc, sink);
 }
 __global__ void empty_k(std::uint32_t* sink) {
   pre();
@@ -118,18 +116,14 @@ float time_graph(cudaStream_t st, int L, bool pdl, F launch) {
   return best * 1000.f / (10 * L);
 }
 
-template <class K, class... A>
-void launch_k(K kern, int grid, int block, cudaStream_t st, bool pdl, A... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.stream = st;
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&cfg, kern, args...));
+// With PDL: the library's launcher (ling::cuda::kernels::launch_ex, the decode step's own); without: a plain launch.
+template <class... KArgs, class... A>
+void launch_k(void (*kern)(KArgs...), int grid, int block, cudaStream_t st, bool pdl, A... args) {
+  if (pdl) CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(grid)), dim3(unsigned(block)), 0, st, args...));
+  else {
+    kern<<<grid, block, 0, st>>>(args...);
+    CK(cudaGetLastError());
+  }
 }
 
 int main() {
