@@ -155,9 +155,10 @@ double multi_bytes(std::vector<std::int64_t> const& rows, std::int64_t cols, std
   return bytes;
 }
 
-// mma: the f16 tensor-core kernel (FP8 only) instead of the CUDA-core one.
+// kind 1: the f16 tensor-core kernel (FP8 only); 2: the kernel that preloads its rows into shared memory; 0: the
+// default CUDA-core one.
 template <class P>
-void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, bool mma = false) {
+void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, int kind = 0) {
   std::int64_t out = 0;
   double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
@@ -170,7 +171,9 @@ void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std
   DVec x{std::size_t(cols)}, y{std::size_t(out)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
     std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
-    return mma ? launch_matvec_multi_mma(ws, x.p(), y.p(), s) : launch_matvec_multi(ws, x.p(), y.p(), s);
+    return kind == 1   ? launch_matvec_multi_mma(ws, x.p(), y.p(), s)
+           : kind == 2 ? launch_matvec_multi_preload(ws, x.p(), y.p(), s)
+                       : launch_matvec_multi(ws, x.p(), y.p(), s);
   });
 }
 
@@ -333,18 +336,20 @@ int main(int argc, char** argv) {
     unsetenv("LING_MATVEC_PIPE");
   });
   reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, true); });
-  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, true); });
+  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, 1); });
+  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, 1); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
   reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("dense_mlp_gate_up_2x[6144,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560); });
   reg("dense_mlp_down_[2560,6144]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 6144); });
-  reg("mla_q_kva_g_[6144|576|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560, true); });
-  reg("mla_kv_b_[8192,512]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, true); });
-  reg("dense_mlp_gate_up_2x[6144,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560, true); });
-  reg("dense_mlp_down_[2560,6144]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 6144, true); });
+  reg("kda_o_proj_[2560,4096]_fp8_preload", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, 2); });
+  reg("mla_kv_b_[8192,512]_fp8_preload", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, 2); });
+  reg("mla_q_kva_g_[6144|576|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560, 1); });
+  reg("mla_kv_b_[8192,512]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, 1); });
+  reg("dense_mlp_gate_up_2x[6144,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560, 1); });
+  reg("dense_mlp_down_[2560,6144]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 6144, 1); });
   reg("kda_qkvfgb_6x[4096|32,2560]_bf16", [](benchmark::State& s) { BM_MatvecMulti<Bf16>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("router_[512,2560]_bf16_topk", [](benchmark::State& s) { BM_Router(s); });
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });

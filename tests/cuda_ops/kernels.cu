@@ -30,6 +30,14 @@ template cudaError_t launch_router<quant::F32>(DeviceMatrix<quant::F32> const&, 
                                                   cudaStream_t);                                                    \
   template cudaError_t launch_moe_down<PE, PS>(MoeWeights<PE, PS> const&, MoeStep const&, float const*, float const*, \
                                                float*, cudaStream_t);
+#define LING_TEST_PRELOAD(P) \
+  template cudaError_t launch_matvec_multi_preload<P>(std::span<DeviceMatrix<P> const* const>, float const*, float*, cudaStream_t);
+LING_TEST_PRELOAD(quant::Fp8Block)
+LING_TEST_PRELOAD(quant::Fp8Row)
+LING_TEST_PRELOAD(quant::Bf16)
+LING_TEST_PRELOAD(quant::Mxfp4)
+LING_TEST_PRELOAD(test::Int8Row)
+#undef LING_TEST_PRELOAD
 template cudaError_t launch_matvec_multi_mma<quant::Fp8Block>(std::span<DeviceMatrix<quant::Fp8Block> const* const>,
                                                               float const*, float*, cudaStream_t);
 template cudaError_t launch_matvec_multi_mma<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>,

@@ -148,6 +148,41 @@ TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) match
         cudaErrorInvalidValue);
 }
 
+TEST_CASE_TEMPLATE("multi-matvec with its rows preloaded into shared memory matches the CPU", P, quant::Fp8Block,
+                   quant::Fp8Row, quant::Mxfp4, quant::Bf16) {
+  LING_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t cols;
+    std::vector<std::int64_t> rows;
+  };
+  // o_proj's shape; several matrices whose rows straddle the blocks' slices; fewer rows than SMs; one row
+  for (Shape const& sh : {Shape{4096, {2560}}, Shape{512, {300, 5, 77}}, Shape{2560, {7}}, Shape{256, {1}}}) {
+    std::int64_t const cols = fit_cols<P>(sh.cols);
+    check_multi<P>(cols, sh.rows, randn(static_cast<std::size_t>(cols)), [](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_preload(ws, xp, y, nullptr);
+    });
+  }
+  // a row longer than a block's shared memory for rows (256K columns: 128 KB or more): refused, so that the caller
+  // runs the streaming kernel
+  std::int64_t const cols = fit_cols<P>(262144);
+  auto m = random_matrix<P>(1, cols, 0.05f);
+  auto d = cuda::DeviceMatrix<P>::upload(m.view());
+  cuda::DeviceMatrix<P> const* one[1] = {&d};
+  DeviceVec dx(randn(static_cast<std::size_t>(cols))), dy(1);
+  CHECK(cuda::launch_matvec_multi_preload(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(),
+                                          nullptr) == cudaErrorInvalidValue);
+}
+
+TEST_CASE("the preloaded matvec refuses a policy without the 16-byte row layout (the caller streams it instead)") {
+  LING_REQUIRE_GPU();
+  auto m = random_matrix<test::Int8Row>(16, 64, 0.05f);
+  auto d = cuda::DeviceMatrix<test::Int8Row>::upload(m.view());
+  cuda::DeviceMatrix<test::Int8Row> const* one[1] = {&d};
+  DeviceVec dx(randn(64)), dy(16);
+  CHECK(cuda::launch_matvec_multi_preload(std::span<cuda::DeviceMatrix<test::Int8Row> const* const>(one), dx.data(),
+                                          dy.data(), nullptr) == cudaErrorInvalidValue);
+}
+
 TEST_CASE("matvec refuses an empty matrix and a multi-matvec of mismatched cols") {
   LING_REQUIRE_GPU();
   cuda::DeviceMatrix<quant::Bf16> empty;

@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/mma_layout.hpp"
 
@@ -869,6 +870,82 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
   trace_end(a.trace);
 }
 
+// ---- matvec with its weights preloaded into shared memory before the PDL wait ---------------------------------
+// Every launch of the step starts reading its weights only when its blocks become resident, and they become resident
+// only as the previous launch's blocks leave (each launch fills the register file): a step of dependent launches then
+// pays each launch's whole read after the previous one ends (bench/probes/read_shot.cu: ~0.9 µs + N / 4.3 TB/s). The
+// weights do not depend on the producer. Here one block per SM, small enough to be resident next to the previous
+// launch (512 threads at <= 64 registers: half the register file; its slice of rows in shared memory), copies its
+// contiguous slice of rows (whole rows, 512 bytes per warp instruction) with cp.async at entry, so the bytes stream
+// while the producer still runs; after the wait it stages the input and computes from shared memory. Fits matrices of
+// up to ~100 KB of rows per SM (o_proj: 20 rows x 4 KB); the launcher refuses larger ones. Opt-in
+// (LING_MATVEC_PRELOAD=1 in the model) until measured.
+inline constexpr int kPreloadThreads = 512, kPreloadWarps = kPreloadThreads / 32;
+inline constexpr std::size_t kPreloadMaxRowBytes = 112 * 1024;  // the slice of rows a block may hold
+
+// The matrix of global row t (a.row_begin: prefix sums of rows).
+__device__ __forceinline__ int row_matrix(MultiArgs const& a, std::int64_t t) {
+  int i = 0;
+  while (t >= a.row_begin[i + 1]) ++i;
+  return i;
+}
+
+template <class K>
+__global__ void __launch_bounds__(kPreloadThreads, 2) matvec_preload_kernel(MultiArgs a, float const* __restrict__ x,
+                                                                          InputPrologue pro, std::int64_t slice) {
+  using P = policy_of<K>;
+  using S = typename P::storage_type;
+  extern __shared__ float4 smem_f4[];
+  std::int64_t const rb = a.m[0].ld * std::int64_t(sizeof(S));  // bytes per row (a multiple of 16: fast layout)
+  char* const rows = reinterpret_cast<char*>(smem_f4);
+  float* const xs = reinterpret_cast<float*>(rows + slice * rb);
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  std::int64_t const total = a.row_begin[a.count], t0 = std::int64_t(blockIdx.x) * slice;
+  std::int64_t const n = total - t0 < slice ? total - t0 : slice;  // this block's rows [t0, t0 + n)
+  pdl_trigger();
+  trace_mark(a.trace, 0);
+  for (std::int64_t k = warp; k < n; k += kPreloadWarps) {
+    std::int64_t const t = t0 + k;
+    int const i = row_matrix(a, t);
+    char const* src = static_cast<char const*>(a.m[i].data) + (t - a.row_begin[i]) * rb;
+    for (std::int64_t off = std::int64_t(lane) * 16; off < rb; off += 512) cp_async16(rows + k * rb + off, src + off);
+  }
+  cp_async_commit();
+  prologue_prefetch(pro, a.m[0].cols);
+  pdl_wait();
+  trace_mark(a.trace, 1);
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
+  cp_async_wait(0);
+  __syncthreads();  // every warp's copies and the staged input, visible to the block
+  trace_mark(a.trace, 2);
+  int const nchunks = int(rb / 16);
+  for (std::int64_t k = warp; k < n; k += kPreloadWarps) {
+    std::int64_t const t = t0 + k;
+    int const i = row_matrix(a, t);
+    MatrixArgs const& m = a.m[i];
+    std::int64_t const r = t - a.row_begin[i];
+    uint4 const* row = reinterpret_cast<uint4 const*>(rows + k * rb);
+    float acc = 0.f;
+    for (int j = lane; j < nchunks; j += 32) {
+      uint4 const vv[1] = {row[j]};
+      float d[1];
+      FastOps<P>::template dot<1>(vv, xs + xpad(j * FastOps<P>::kElems), d);
+      acc = fmaf(FastOps<P>::chunk_scale(m.scales, m, r, j), d[0], acc);
+    }
+    float v = warp_sum(acc) * RowDot<P>::row_scale(m.scales, r);
+    if (float const* res = a.residual[i]) v += res[r];
+    if (lane == 0) a.out[i][r] = v;
+  }
+  trace_end(a.trace);
+}
+
+// Rows per block of the preloaded matvec for `total` rows of `row_bytes` each: 0 when the slice does not fit.
+inline std::int64_t preload_slice(std::int64_t total, std::int64_t row_bytes, int sms) {
+  if (total <= 0 || row_bytes <= 0 || sms <= 0) return 0;
+  std::int64_t const slice = (total + sms - 1) / sms;
+  return std::size_t(slice * row_bytes) <= kPreloadMaxRowBytes ? slice : 0;
+}
+
 // ---- FP8 matvec on f16 tensor cores (mma.sync.m16n8k16, fp32 accumulate) -----------------------------------------
 // The FP8 matvec's instruction count, not its bytes, bounded the FFMA kernels (ncu 2026-12-01: 7.2 instructions per
 // weight in the KDA projections, IPC 2.6, 55% of issue slots; the converted weights cost 3 of them, the rest is
@@ -1170,6 +1247,35 @@ cudaError_t launch_matvec_args(MultiArgs const& a, float const* x, InputPrologue
   return launch_matvec_keyed(make_key<P>(), a, x, pro, am, stream);
 }
 
+// The preloaded matvec (a.row_begin set; every matrix of one row length, fast layout): cudaErrorInvalidValue when the
+// rows do not fit (the caller runs launch_matvec_args instead).
+template <class K>
+cudaError_t launch_matvec_preload_keyed(K, MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream) {
+  using P = policy_of<K>;
+  if constexpr (!has_fast_kernel<P>) {
+    return cudaErrorInvalidValue;
+  } else {
+    if (a.count <= 0) return cudaErrorInvalidValue;
+    for (int i = 1; i < a.count; ++i)
+      if (a.m[i].ld != a.m[0].ld) return cudaErrorInvalidValue;
+    std::int64_t const rb = a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)), total = a.row_begin[a.count];
+    std::int64_t const slice = preload_slice(total, rb, sm_count());
+    if (slice == 0) return cudaErrorInvalidValue;
+    std::size_t const smem = std::size_t(slice * rb) + std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
+    auto kernel = matvec_preload_kernel<K>;
+    if (smem > 48 * 1024) {
+      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      if (e != cudaSuccess) return e;
+    }
+    unsigned const blocks = unsigned((total + slice - 1) / slice);
+    return launch_ex(kernel, dim3(blocks), dim3(kPreloadThreads), smem, stream, a, x, pro, slice);
+  }
+}
+template <class P>
+cudaError_t launch_matvec_preload_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream) {
+  return launch_matvec_preload_keyed(make_key<P>(), a, x, pro, stream);
+}
+
 // Tasks and row offsets of a MultiArgs whose m[0..count) are set; outputs concatenated into y (with residual, if
 // any, at the same offsets).
 template <class P, int NR = kMatvecRows<P>>
@@ -1223,6 +1329,15 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
   if (!ok) return cudaErrorInvalidValue;
   return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                        cudaStream_t stream) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
+  if (!ok) return cudaErrorInvalidValue;
+  return kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream);
 }
 
 template <quant::weight_policy P>

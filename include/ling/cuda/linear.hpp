@@ -281,6 +281,13 @@ template <quant::weight_policy P>
 cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                 cudaStream_t stream);
 
+// The same with each block's slice of rows copied into shared memory before the PDL wait (fast layouts; every matrix
+// of one row length; at most ~112 KB of rows per SM): cudaErrorInvalidValue when the rows do not fit. linear.cuh
+// explains why; not yet measured.
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                        cudaStream_t stream);
+
 // The same on f16 tensor cores (FP8-block and FP8-row only, cols a multiple of 64; linear.cuh explains the layout).
 // Measured slower than the CUDA-core kernel (2026-12-01): the model uses it only with LING_MATVEC_KERNEL=mma.
 template <quant::weight_policy P>

@@ -633,7 +633,11 @@ class CudaModel {
                              c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
         bool const fused = !f.mma && ops::fused_router_enabled();
         trace_at(i, 3);
-        if (!skipped("router")) ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
+        if (!skipped("router")) {
+          // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
+          if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});
+          else ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
+        }
         a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
         a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
         a.top_k = int(c.num_experts_per_tok);

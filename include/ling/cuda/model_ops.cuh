@@ -246,6 +246,16 @@ inline bool matvec_mma_enabled() {
   return on;
 }
 
+// LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj, MLA kv_b and dense) on the kernel that copies
+// its weights into shared memory before the PDL wait (linear.cuh; not yet measured).
+inline bool matvec_preload_enabled() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_MATVEC_PRELOAD");
+    return e && *e == '1';
+  }();
+  return on;
+}
+
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list) {
@@ -278,8 +288,18 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
       a.trace = trace_next();
-      if (mma) check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
-      else check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec");
+      if (mma) {
+        check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
+        return;
+      }
+      if (matvec_preload_enabled()) {
+        cudaError_t const e = kernels::launch_matvec_preload_args<P>(a, x, pa, st);
+        if (e != cudaErrorInvalidValue) {  // refused before any CUDA call: the rows do not fit
+          check(e, "matvec (preloaded)");
+          return;
+        }
+      }
+      check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec");
     });
   }
 }
