@@ -294,7 +294,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
       }
       if (matvec_preload_enabled()) {
         cudaError_t const e = kernels::launch_matvec_preload_args<P>(a, x, pa, st);
-        if (e != cudaErrorInvalidValue) {  // refused before any CUDA call: the rows do not fit
+        if (e != cudaErrorInvalidValue) {  // invalid value: refused (the rows do not fit, or not a 16-byte row layout)
           check(e, "matvec (preloaded)");
           return;
         }
