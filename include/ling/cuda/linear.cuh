@@ -1294,7 +1294,7 @@ bool finish_multi_args(MultiArgs& a, float* y, float const* residual) {
   return ok;
 }
 
-template <class P>
+template <class P, int NR = kMatvecRows<P>>  // NR: rows per task (16: the tensor-core kernel's tiles)
 MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, float* y, float const* residual, bool& ok) {
   MultiArgs a{};
   a.count = count;
@@ -1304,7 +1304,7 @@ MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, float* y, floa
     ok = ok && !ws[i]->empty();
     a.m[i] = ws[i]->args();
   }
-  ok = ok && finish_multi_args<P>(a, y, residual);
+  ok = ok && finish_multi_args<P, NR>(a, y, residual);
   return a;
 }
 
@@ -1322,38 +1322,38 @@ cudaError_t launch_matvec(DeviceMatrix<P> const& w, float const* x, float* y, cu
   return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }
 
+namespace detail {
+// The matrices ws sharing x as one MultiArgs (tasks of NR rows, outputs concatenated into y), handed to `launch`.
+template <class P, int NR = kernels::kMatvecRows<P>, class Launch>
+cudaError_t launch_multi(std::span<DeviceMatrix<P> const* const> ws, float* y, Launch launch) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P, NR>(ws.data(), int(ws.size()), y, nullptr, ok);
+  return ok ? launch(a) : cudaErrorInvalidValue;
+}
+}  // namespace detail
+
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                 cudaStream_t stream) {
-  bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
-  if (!ok) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
+  return detail::launch_multi<P>(ws, y, [&](kernels::MultiArgs const& a) {
+    return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
+  });
 }
 
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                         cudaStream_t stream) {
-  bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
-  if (!ok) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream);
+  return detail::launch_multi<P>(ws, y, [&](kernels::MultiArgs const& a) {
+    return kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream);
+  });
 }
 
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                     cudaStream_t stream) {
-  bool ok = false;
-  kernels::MultiArgs a{};
-  a.count = int(ws.size());
-  ok = a.count > 0 && a.count <= kMaxMultiMatrices;
-  if (!ok) return cudaErrorInvalidValue;
-  for (int i = 0; i < a.count; ++i) {
-    if (ws[std::size_t(i)]->empty()) return cudaErrorInvalidValue;
-    a.m[i] = ws[std::size_t(i)]->args();
-  }
-  if (!kernels::finish_multi_args<P, 16>(a, y, nullptr)) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
+  return detail::launch_multi<P, 16>(ws, y, [&](kernels::MultiArgs const& a) {
+    return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
+  });
 }
 
 }  // namespace ling::cuda
