@@ -358,14 +358,17 @@ int main(int argc, char** argv) {
   // the same launches over 32 experts per layer (96 MB of expert arrays instead of 1.6 GB): address-range effects
   reg("moe_gate_up_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false, 32); });
   reg("moe_down_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true, 32); });
-  // A/B variants of the same three (moe.cuh reads these at each launch): the register-streaming kernels in both launches,
+  // A/B variants of the same three (moe.cuh reads these at each launch): launch B on the register kernel instead of the
+  // lane kernel, launch A on the unbiased int8 lookup, launch A on the register-streaming kernel,
   // both launches streamed (cp.async), launch A streamed on one block of 16 warps per SM instead of two of 8, both
   // streamed with int8 in launch B too, the fp32 decoder (register kernels)
   struct MoeVariant {
     char const* suffix;
     char const* env[2][2];
   };
-  static MoeVariant const variants[] = {{"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
+  static MoeVariant const variants[] = {{"_downreg", {{"LING_MOE_DOWN_LANE", "0"}, {nullptr, nullptr}}},
+                                        {"_q8u0", {{"LING_MOE_Q8U", "0"}, {nullptr, nullptr}}},
+                                        {"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
                                         {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},
                                         {"_stream16", {{"LING_MOE_STREAM_WARPS", "16"}, {nullptr, nullptr}}},
                                         {"_q8both", {{"LING_MOE_Q8", "2"}, {"LING_MOE_STREAM", "2"}}},

@@ -155,12 +155,22 @@ TEST_CASE_TEMPLATE("multi-matvec with its rows preloaded into shared memory matc
     std::int64_t cols;
     std::vector<std::int64_t> rows;
   };
-  // o_proj's shape; several matrices whose rows straddle the blocks' slices; fewer rows than SMs; one row
-  for (Shape const& sh : {Shape{4096, {2560}}, Shape{512, {300, 5, 77}}, Shape{2560, {7}}, Shape{256, {1}}}) {
+  // o_proj's shape (BF16: 1024 of its rows; all 2560 are 160 KB per SM, over the limit, refused below); several
+  // matrices whose rows straddle the blocks' slices; fewer rows than SMs; one row
+  constexpr bool kWide = sizeof(typename P::storage_type) > 1;
+  for (Shape const& sh : {Shape{4096, {kWide ? 1024 : 2560}}, Shape{512, {300, 5, 77}}, Shape{2560, {7}}, Shape{256, {1}}}) {
     std::int64_t const cols = fit_cols<P>(sh.cols);
     check_multi<P>(cols, sh.rows, randn(static_cast<std::size_t>(cols)), [](auto ws, float const* xp, float* y) {
       return cuda::launch_matvec_multi_preload(ws, xp, y, nullptr);
     });
+  }
+  if constexpr (kWide) {  // 2560 BF16 rows of 4096: each SM's slice over 112 KB, refused
+    auto big = random_matrix<P>(2560, 4096, 0.05f);
+    auto dbig = cuda::DeviceMatrix<P>::upload(big.view());
+    cuda::DeviceMatrix<P> const* one[1] = {&dbig};
+    DeviceVec dx(randn(4096)), dy(2560);
+    CHECK(cuda::launch_matvec_multi_preload(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(),
+                                            nullptr) == cudaErrorInvalidValue);
   }
   // a row longer than a block's shared memory for rows (256K columns: 128 KB or more): refused, so that the caller
   // runs the streaming kernel

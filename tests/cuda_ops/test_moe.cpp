@@ -161,16 +161,25 @@ std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant
 
 }  // namespace
 
+// Launch B: the lane kernel (default: int8, lanes fixed on their chunks; kU = 6 without predicates at Ling's 192
+// chunks, kU = 8 with them below 256, the register kernel above) and the register kernel (LING_MOE_DOWN_LANE=0).
 TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and off") {
   LING_REQUIRE_GPU();
-  for (char const* q8 : {"1", "0", "2"}) {  // int8 gate/up (default), the fp32 decoder, int8 in both launches
-    CAPTURE(q8);
-    setenv("LING_MOE_Q8", q8, 1);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 4.0f, 5.0f);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 0.f, 0.f);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);  // Ling's shapes, fewer experts
-    check_moe<quant::Mxfp4, quant::Fp8Block>(512, 64, 0, 8, 1, 0.f, 0.f);       // top-1, no shared expert
+  for (char const* lane : {"1", "0"}) {
+    for (char const* q8 : {"1", "0", "2"}) {  // int8 (default), the fp32 decoder, int8 in both register kernels
+      CAPTURE(lane);
+      CAPTURE(q8);
+      setenv("LING_MOE_DOWN_LANE", lane, 1);
+      setenv("LING_MOE_Q8", q8, 1);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 4.0f, 5.0f);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 0.f, 0.f);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);  // Ling's shapes, fewer experts
+      check_moe<quant::Mxfp4, quant::Fp8Block>(512, 64, 0, 8, 1, 0.f, 0.f);       // top-1, no shared expert
+      check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 736, 768, 12, 8, 0.f, 0.f);  // 184 chunks: kU = 8, predicated
+      check_moe<quant::Mxfp4, quant::Fp8Block>(128, 1024, 40, 10, 9, 0.f, 0.f);   // 288 chunks: the register kernel
+    }
   }
+  unsetenv("LING_MOE_DOWN_LANE");
   unsetenv("LING_MOE_Q8");
 }
 
@@ -195,6 +204,17 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM,
       }
     }
   }
+  // launch A's streamed kernel on the unbiased lookup (q8_chunk; LING_MOE_Q8U=0) at the same shapes
+  setenv("LING_MOE_STREAM", "1", 1);
+  setenv("LING_MOE_Q8U", "0", 1);
+  for (char const* warps : {"8", "16"}) {
+    CAPTURE(warps);
+    setenv("LING_MOE_STREAM_WARPS", warps, 1);
+    check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
+    check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
+    check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
+  }
+  unsetenv("LING_MOE_Q8U");
   unsetenv("LING_MOE_STREAM");
   unsetenv("LING_MOE_STREAM_WARPS");
   unsetenv("LING_MOE_Q8");
@@ -256,8 +276,14 @@ TEST_CASE("moe: a NaN activation stays visible on the int8 path") {
   auto w = random_mxfp4_experts(hidden, inter, experts);
   auto x = randn(static_cast<std::size_t>(hidden));
   x[37] = std::nanf("");
-  auto const h = run_moe(w, {1, 3}, {0.5f, 0.5f}, x).first;
-  int finite = 0;
-  for (std::size_t i = 0; i < std::size_t(top_k * inter); ++i) finite += std::isfinite(h[i]) ? 1 : 0;
-  CHECK(finite == 0);
+  for (char const* lane : {"1", "0"}) {  // launch B: lane kernel (int8 limbs of h), register kernel
+    CAPTURE(lane);
+    setenv("LING_MOE_DOWN_LANE", lane, 1);
+    auto const [h, o] = run_moe(w, {1, 3}, {0.5f, 0.5f}, x);
+    int finite = 0;
+    for (std::size_t i = 0; i < std::size_t(top_k * inter); ++i) finite += std::isfinite(h[i]) ? 1 : 0;
+    CHECK(finite == 0);
+    CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));  // NaN h reaches every output
+  }
+  unsetenv("LING_MOE_DOWN_LANE");
 }

@@ -160,15 +160,27 @@ __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, in
     float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;  // |v inv| <= 127 (1 + 2 ulp): rounds to <= 127
     float const e[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
     std::uint32_t w0 = 0, w1 = 0;
+    int s0 = 0, s1 = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       float const f0 = rintf(e[k]);
-      w0 |= (std::uint32_t(int(f0)) & 0xFFu) << (8 * k);
-      w1 |= (std::uint32_t(int(rintf((e[k] - f0) * 254.f))) & 0xFFu) << (8 * k);
+      int const i0 = int(f0), i1 = int(rintf((e[k] - f0) * 254.f));
+      w0 |= (std::uint32_t(i0) & 0xFFu) << (8 * k);
+      w1 |= (std::uint32_t(i1) & 0xFFu) << (8 * k);
+      s0 += i0;
+      s1 += i1;
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) {  // the block's Σ q0, Σ q1 (q8u_chunk's correction)
+      s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
     }
     if (ok) {
       q[q8_slot(g)] = make_int2(int(w0), int(w1));
-      if ((g & 7) == 0) sx[g >> 3] = amax * post;
+      if ((g & 7) == 0) {
+        sx[g >> 3] = amax * post;
+        q[9 * (g >> 3) + 8] = make_int2(-12 * s0, -12 * s1);
+      }
     }
   }
 }
@@ -195,6 +207,110 @@ __device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, i
       bn[n] = __dp4a(m1, xh.y, bn[n]);
     }
   }
+}
+
+// Biased lookup (launch A's streamed kernel and launch B's lane kernel): u = 2 E2M1 + 12 ∈ [0, 24], one PRMT pair
+// (positive codes from one table, negative from the other, each zero where the other applies) and one DP4A per limb
+// per 4 codes, instead of two DP4A (positive and negative codes apart). Σ u q = Σ (2 E2M1) q + 12 Σ q, so each DP4A
+// chain starts at −12 Σ q of its block and limb, kept in the block's padding slot of the limb layout (stage_q8 and
+// stage_q8_global write it). Exact integer sums, as the unbiased path.
+inline constexpr std::uint32_t kE2m1PosLo = 0x0F0E0D0Cu, kE2m1PosHi = 0x18141210u;  // 12 + 2 × {0, .5, 1, 1.5, 2, 3, 4, 6}
+inline constexpr std::uint32_t kE2m1NegLo = 0x090A0B0Cu, kE2m1NegHi = 0x00040608u;  // 12 − the same
+
+// ue8m0_float without branches (the kernels' inner loops): 0xFF is NaN, 0 is 2^-127.
+__device__ __forceinline__ float ue8m0_float_sel(std::uint32_t s) {
+  std::uint32_t b = s << 23;
+  b = s == 0 ? 0x00400000u : b;
+  return __uint_as_float(s == 0xFF ? 0x7FC00000u : b);
+}
+
+// Quantizes x[0, 32 nblocks) (global memory, 16-byte aligned) into limbs q (q8_slot layout; block b's slot 9 b + 8
+// holds {−12 Σ q0, −12 Σ q1}) and scales sx = amax / 254 (the 0.5 of the doubled codes folded in). All of a thread's
+// loads are issued before any math (one L2 round trip for up to 4 × blockDim groups). NaN or Inf in a block makes its
+// scale NaN or Inf, so the rows that read it turn NaN.
+__device__ __forceinline__ void stage_q8_global(int2* q, float* sx, float const* __restrict__ x, int nblocks) {
+  constexpr int kB = 4;
+  int const ngroups = nblocks * 8;
+  for (int base = 0; base < ngroups; base += kB * int(blockDim.x)) {  // uniform trip count: the shuffles see every lane
+    float4 v[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const g = base + i * int(blockDim.x) + int(threadIdx.x);
+      v[i] = g < ngroups ? __ldg(reinterpret_cast<float4 const*>(x) + g) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < kB; ++i) {
+      int const g = base + i * int(blockDim.x) + int(threadIdx.x);
+      if (base + i * int(blockDim.x) >= ngroups) break;  // uniform: no lane of the block has a group past here
+      unsigned m = max(max(__float_as_uint(fabsf(v[i].x)), __float_as_uint(fabsf(v[i].y))),
+                       max(__float_as_uint(fabsf(v[i].z)), __float_as_uint(fabsf(v[i].w))));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      float const amax = __uint_as_float(m);
+      float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;
+      float const e[4] = {v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv};
+      std::uint32_t w0 = 0, w1 = 0;
+      int s0 = 0, s1 = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float const f0 = rintf(e[k]);
+        int const i0 = int(f0), i1 = int(rintf((e[k] - f0) * 254.f));
+        w0 |= (std::uint32_t(i0) & 0xFFu) << (8 * k);
+        w1 |= (std::uint32_t(i1) & 0xFFu) << (8 * k);
+        s0 += i0;
+        s1 += i1;
+      }
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) {
+        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+      }
+      if (g < ngroups) {
+        q[q8_slot(g)] = make_int2(int(w0), int(w1));
+        if ((g & 7) == 0) {
+          sx[g >> 3] = amax * (0.5f / 127.f);
+          q[9 * (g >> 3) + 8] = make_int2(-12 * s0, -12 * s1);
+        }
+      }
+    }
+  }
+}
+
+// {Σ (2 E2M1) q0, Σ (2 E2M1) q1} of one 32-code chunk against its limb block xq (9 int2: 8 groups, the correction).
+// pos_lo / neg_lo: the tables' low words, held in registers by the caller (loaded from shared memory: as immediates,
+// ptxas rematerialized them before every PRMT, one extra instruction per 4 codes).
+__device__ __forceinline__ int2 q8u_chunk(uint4 const& v, int2 const* xq, std::uint32_t pos_lo, std::uint32_t neg_lo) {
+  int2 const c = xq[8];
+  int a = c.x, b = c.y;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t const w = word(v, i), nw = w ^ 0x88888888u;
+    int const u0 = int(prmt_sign(pos_lo, kE2m1PosHi, w) | prmt_sign(neg_lo, kE2m1NegHi, nw));
+    int const u1 = int(prmt_sign(pos_lo, kE2m1PosHi, w >> 16) | prmt_sign(neg_lo, kE2m1NegHi, nw >> 16));
+    int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
+    a = __dp4a(u0, xl.x, a);
+    b = __dp4a(u0, xl.y, b);
+    a = __dp4a(u1, xh.x, a);
+    b = __dp4a(u1, xh.y, b);
+  }
+  return make_int2(a, b);
+}
+
+// The biased tables' low words (q8u_chunk's pos_lo, neg_lo): s_tab (2 words, 8-byte aligned shared memory) written
+// with e2m1_tables_store before a __syncthreads, read into registers with a volatile load, so that the compiler neither
+// folds them back into immediates nor ptxas rematerializes them (register pressure made it rebuild an immediate before
+// every PRMT, one extra instruction per 4 codes).
+__device__ __forceinline__ void e2m1_tables_store(std::uint32_t* s_tab) {
+  if (threadIdx.x == 0) {
+    s_tab[0] = kE2m1PosLo;
+    s_tab[1] = kE2m1NegLo;
+  }
+}
+__device__ __forceinline__ void e2m1_tables_load(std::uint32_t const* s_tab, std::uint32_t& pos_lo, std::uint32_t& neg_lo) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+               : "=r"(pos_lo), "=r"(neg_lo)
+               : "r"(std::uint32_t(__cvta_generic_to_shared(s_tab))));
 }
 
 // Lane partials of rows r of NR Mxfp4 matrices (data[n], scales[n], shape m) against the limbs: Σ over this lane's
@@ -860,11 +976,13 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
-template <int kW>
+// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=0: q8_chunk, the A/B baseline).
+template <int kW, bool kBiased>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
   __shared__ int s_idx[kMoeMaxTopK];
+  __shared__ __align__(8) std::uint32_t s_tab[2];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
@@ -923,8 +1041,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (m >= pre && m < mine) issue(m);
     cp_async_commit();
   }
+  e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
+  std::uint32_t pos_lo = 0, neg_lo = 0;
+  if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -969,12 +1090,18 @@ __global__ void __launch_bounds__(kW * 32, 1)
           uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
           uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
           for (int j = sl; j < nblk; j += L) {
-            uint4 const v[2] = {gr[j], ur[j]};
-            int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
-            q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
             float const xsc = sx[j];
-            ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
-            au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
+            if constexpr (kBiased) {
+              int2 const dg = q8u_chunk(gr[j], q + 9 * j, pos_lo, neg_lo), du = q8u_chunk(ur[j], q + 9 * j, pos_lo, neg_lo);
+              ag = fmaf(fmaf(float(dg.y), kQ8LimbScale, float(dg.x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
+              au = fmaf(fmaf(float(du.y), kQ8LimbScale, float(du.x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+            } else {
+              uint4 const v[2] = {gr[j], ur[j]};
+              int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
+              q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
+              ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
+              au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
+            }
           }
         }
         for (int o = L >> 1; o > 0; o >>= 1) {
@@ -1140,6 +1267,11 @@ inline int moe_stream_mode() {
   char const* e = std::getenv("LING_MOE_STREAM");
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
 }
+// LING_MOE_Q8U=0: launch A's streamed kernel on the unbiased int8 lookup (q8_chunk) instead of q8u_chunk.
+inline bool moe_q8u_on() {
+  char const* e = std::getenv("LING_MOE_Q8U");
+  return !(e && *e == '0');
+}
 inline int moe_stream_warps() {
   char const* e = std::getenv("LING_MOE_STREAM_WARPS");
   return e && std::atoi(e) == 16 ? 16 : 8;
@@ -1226,9 +1358,12 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
+    bool const biased = moe_q8u_on();
     if (moe_stream_warps() == 8)
-      return stream_launch(moe_gate_up_stream_kernel<8>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
-    return stream_launch(moe_gate_up_stream_kernel<16>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
+      return biased ? stream_launch(moe_gate_up_stream_kernel<8, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h)
+                    : stream_launch(moe_gate_up_stream_kernel<8, false>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
+    return biased ? stream_launch(moe_gate_up_stream_kernel<16, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h)
+                  : stream_launch(moe_gate_up_stream_kernel<16, false>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
   }
 }
 
@@ -1259,6 +1394,156 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
                 : stream_launch(moe_down_stream_kernel<16, true>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
     return w8 ? stream_launch(moe_down_stream_kernel<8, false>, 8, sp, prologue, stage, stream, err, a, h, residual, out)
               : stream_launch(moe_down_stream_kernel<16, false>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
+  }
+}
+
+// ---- launch B on int8 dot products, each lane fixed on its chunks of the concatenated expert rows ------------------
+// MXFP4 experts (whole 32-column blocks, 16-byte aligned rows). One block of kLaneWarps warps per SM quantizes the
+// routed slots' down inputs once (two int8 limbs per element, stage_q8_global: 132 quantizations per step, not one per
+// resident block of the register kernel). Lane l owns chunks q = l + 32 u (u < kU) of the concatenation of the top_k
+// experts' rows for every output row it computes, so each chunk's expert pointers, limb address and routing weight ×
+// input scale are computed once per lane, not per chunk and row (the register kernel's per-chunk slot, address and
+// scale arithmetic was ~100 of its ~160 instructions per chunk). The codes are looked up biased (q8u_chunk).
+// kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
+inline constexpr int kLaneWarps = 16;
+template <class KS, int kU, bool kFull>
+__global__ void __launch_bounds__(kLaneWarps * 32, 1)
+    moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
+  using PS = policy_of<KS>;
+  extern __shared__ float4 smem_f4[];
+  __shared__ DownSlots s_slots;
+  __shared__ __align__(8) std::uint32_t s_tab[2];
+  float* xs = reinterpret_cast<float*>(smem_f4);  // the shared expert's input (padded floats, times kXPre)
+  int const top_k = a.top_k, C = int(a.down.cols >> 5), nq = top_k * C;
+  std::int64_t const inter = a.down.cols, rows = a.down.rows, rb = a.down.ld;  // uint8 storage: ld in bytes
+  std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_sh));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nq));
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  std::int64_t const stride = std::int64_t(gridDim.x) * kLaneWarps;
+  pdl_trigger();
+  trace_mark(a.trace_b, 0);
+  if constexpr (has_fast_kernel<PS>) {  // the shared expert's rows of this warp (no dependence on earlier kernels)
+    if (a.has_shared) {
+      std::int64_t const srb = a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type));
+      for (std::int64_t r = std::int64_t(blockIdx.x) * kLaneWarps + warp; r < rows; r += stride)
+        warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, srb);
+    }
+  }
+  pdl_wait();
+  trace_mark(a.trace_b, 1);
+  if (a.has_shared) stage_x4(xs, h + std::int64_t(top_k) * inter, a.sdown.cols, n_sh);
+  stage_down_slots<quant::Mxfp4>(s_slots, a);
+  e2m1_tables_store(s_tab);
+  stage_q8_global(q, sx, h, nq);
+  __syncthreads();
+  trace_mark(a.trace_b, 2);
+
+  // this lane's chunks: byte offsets of their 16 bytes of row 0 from the first expert's data and of their scale byte
+  // from its scales (32 bits: an expert tensor of 512 experts is < 4 GB), routing weight × input scale
+  auto const* const data0 = static_cast<char const*>(a.down.data);
+  auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
+  std::uint32_t po[kU], pso[kU];
+  float f[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
+    int const s = qq / C, j = qq - s * C;
+    char const* d = s_slots.data[s];  // null: a bad id, which reads expert 0 with a NaN weight
+    po[u] = std::uint32_t((d ? d - data0 : 0) + 16 * j);
+    pso[u] = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
+    f[u] = d ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
+  }
+  std::uint32_t pos_lo, neg_lo;
+  e2m1_tables_load(s_tab, pos_lo, neg_lo);
+  float const* const xs_shared = xs;
+  for (std::int64_t r = std::int64_t(blockIdx.x) * kLaneWarps + warp; r < rows; r += stride) {
+    [[maybe_unused]] RowLoad<PS, 2> shared_row;
+    bool early = false;
+    if constexpr (has_fast_kernel<PS>) {
+      early = a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
+      if (early) row_load(shared_row, a.sdown, r);
+    }
+    char const* const rowp = data0 + r * rb;
+    std::uint8_t const* const srowp = scales0 + r * C;
+    uint4 v[kU];
+    std::uint32_t sc[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (kFull || lane + 32 * u < nq) {
+        v[u] = ld_stream(rowp + po[u]);
+        sc[u] = __ldg(srowp + pso[u]);
+      }
+    }
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (kFull || lane + 32 * u < nq) {
+        int2 const d = q8u_chunk(v[u], q + 9 * (lane + 32 * u), pos_lo, neg_lo);
+        acc = fmaf(fmaf(float(d.y), kQ8LimbScale, float(d.x)), ue8m0_float_sel(sc[u]) * f[u], acc);
+      }
+    }
+    if constexpr (has_fast_kernel<PS>) {
+      if (early) acc = fmaf(row_math(shared_row, a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+    }
+    if (a.has_shared && !early) {
+      void const* data[1] = {a.sdown.data};
+      void const* scales[1] = {a.sdown.scales};
+      std::int64_t rr[1] = {r};
+      bool valid[1] = {true};
+      float sacc[1] = {0.f};
+      RowDot<PS>::template lane_dot<1>(data, scales, rr, valid, a.sdown, xs_shared, sacc);
+      acc = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+    }
+    float const sum = warp_sum(acc);
+    if (lane == 0) out[r] = residual ? residual[r] + sum : sum;
+  }
+  trace_end(a.trace_b);
+}
+
+// LING_MOE_DOWN_LANE=0: launch B on the register kernel instead (A/B measurements; LING_MOE_Q8=0 also turns it off,
+// as it turns off every int8 path); read at each launch.
+inline bool moe_down_lane_on() {
+  char const* e = std::getenv("LING_MOE_DOWN_LANE");
+  return !(e && *e == '0');
+}
+inline std::size_t moe_down_lane_smem(MoeArgs const& a, std::int64_t n_sh) {
+  int const nq = a.top_k * int(a.down.cols >> 5);
+  return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
+         std::size_t(nq) * sizeof(float);
+}
+// Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
+// top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
+template <class PE, class KS>
+bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* residual, float* out, cudaStream_t stream,
+                          cudaError_t& err) {
+  using PS = policy_of<KS>;
+  if constexpr (!std::is_same_v<PE, quant::Mxfp4>) {
+    return false;
+  } else {
+    if (!moe_down_lane_on() || moe_q8_mode() < 1 || a.down.cols % 32 != 0) return false;
+    if (!aligned16(a.down.data, a.down.data_stride, a.down.ld) || !aligned16(h)) return false;
+    int const nq = a.top_k * int(a.down.cols / 32);
+    if (nq <= 0 || nq > 32 * 8) return false;
+    // 32-bit chunk offsets from the first expert (moe_down_lane_kernel)
+    if (a.down.count * a.down.data_stride >= (std::int64_t(1) << 32) ||
+        a.down.count * a.down.scale_stride >= (std::int64_t(1) << 32))
+      return false;
+    std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
+    std::size_t const smem = moe_down_lane_smem(a, n_sh);
+    if (smem > std::size_t(smem_optin_bytes())) return false;
+    std::int64_t const want = (a.down.rows + kLaneWarps - 1) / kLaneWarps;
+    int const blocks = int(want < sm_count() ? want : sm_count());
+    auto go = [&](auto kernel) {
+      if (smem > 48 * 1024) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+        if (err != cudaSuccess) return true;
+      }
+      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(kLaneWarps * 32), smem, stream, a, h, residual, out);
+      return true;
+    };
+    if (nq == 32 * 6) return go(moe_down_lane_kernel<KS, 6, true>);
+    return go(moe_down_lane_kernel<KS, 8, false>);
   }
 }
 
@@ -1302,6 +1587,7 @@ cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, floa
   {
     cudaError_t err = cudaSuccess;
     if (launch_moe_down_stream<PE, PS>(a, h, residual, out, stream, err)) return err;
+    if (launch_moe_down_lane<PE>(KS{}, a, h, residual, out, stream, err)) return err;
   }
   std::int64_t const seg = round32(staged_elems<PE>(a.down));
   std::int64_t n = seg * a.top_k + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# A/B on the GPU machine after device-test.sh built build/device: `ling bench` at one context for each variant (env
+# settings separated by commas; variants by spaces), alternating binaries/variants in one process run each, plus an
+# optional benchmark filter of bench/cuda_ops. Usage: bash scripts/device-ab.sh "VAR=1 VAR=0,OTHER=1" [bench-filter] [reps]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+B=build/device
+if [ -n "${2:-}" ]; then
+  $B/bench/cuda_ops --benchmark_filter="$2" --benchmark_min_time=0.2 >"$OUT/ab-bench.log" 2>&1
+  grep manual_time "$OUT/ab-bench.log" | awk '{print $1, $NF, $(NF-1)}' | sed 's/us_per_op=//'
+fi
+for v in default $1; do
+  e=""; [ "$v" != default ] && e=${v//,/ }
+  r=$(env $e $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 ")
+  echo "$v: $r" | tee -a "$OUT/ab.log"
+done
