@@ -277,24 +277,29 @@ __device__ __forceinline__ void stage_q8_global(int2* q, float* sx, float const*
   }
 }
 
-// {Σ (2 E2M1) q0, Σ (2 E2M1) q1} of one 32-code chunk against its limb block xq (9 int2: 8 groups, the correction).
-// pos_lo / neg_lo: the tables' low words, held in registers by the caller (loaded from shared memory: as immediates,
-// ptxas rematerialized them before every PRMT, one extra instruction per 4 codes).
-__device__ __forceinline__ int2 q8u_chunk(uint4 const& v, int2 const* xq, std::uint32_t pos_lo, std::uint32_t neg_lo) {
+// {Σ (2 E2M1) q0, Σ (2 E2M1) q1} of the 32-code chunks v[n] (NR rows) against one limb block xq (9 int2: 8 groups,
+// the correction), each limb word loaded once for all rows. pos_lo / neg_lo: the tables' low words in registers
+// (e2m1_tables_load).
+template <int NR>
+__device__ __forceinline__ void q8u_chunk(uint4 const (&v)[NR], int2 const* xq, std::uint32_t pos_lo, std::uint32_t neg_lo,
+                                          int2 (&d)[NR]) {
   int2 const c = xq[8];
-  int a = c.x, b = c.y;
+#pragma unroll
+  for (int n = 0; n < NR; ++n) d[n] = c;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    std::uint32_t const w = word(v, i), nw = w ^ 0x88888888u;
-    int const u0 = int(prmt_sign(pos_lo, kE2m1PosHi, w) | prmt_sign(neg_lo, kE2m1NegHi, nw));
-    int const u1 = int(prmt_sign(pos_lo, kE2m1PosHi, w >> 16) | prmt_sign(neg_lo, kE2m1NegHi, nw >> 16));
     int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
-    a = __dp4a(u0, xl.x, a);
-    b = __dp4a(u0, xl.y, b);
-    a = __dp4a(u1, xh.x, a);
-    b = __dp4a(u1, xh.y, b);
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
+      int const u0 = int(prmt_sign(pos_lo, kE2m1PosHi, w) | prmt_sign(neg_lo, kE2m1NegHi, nw));
+      int const u1 = int(prmt_sign(pos_lo, kE2m1PosHi, w >> 16) | prmt_sign(neg_lo, kE2m1NegHi, nw >> 16));
+      d[n].x = __dp4a(u0, xl.x, d[n].x);
+      d[n].y = __dp4a(u0, xl.y, d[n].y);
+      d[n].x = __dp4a(u1, xh.x, d[n].x);
+      d[n].y = __dp4a(u1, xh.y, d[n].y);
+    }
   }
-  return make_int2(a, b);
 }
 
 // The biased tables' low words (q8u_chunk's pos_lo, neg_lo): s_tab (2 words, 8-byte aligned shared memory) written
@@ -1092,9 +1097,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
           for (int j = sl; j < nblk; j += L) {
             float const xsc = sx[j];
             if constexpr (kBiased) {
-              int2 const dg = q8u_chunk(gr[j], q + 9 * j, pos_lo, neg_lo), du = q8u_chunk(ur[j], q + 9 * j, pos_lo, neg_lo);
-              ag = fmaf(fmaf(float(dg.y), kQ8LimbScale, float(dg.x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
-              au = fmaf(fmaf(float(du.y), kQ8LimbScale, float(du.x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+              uint4 const v[2] = {gr[j], ur[j]};
+              int2 d[2];
+              q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
+              ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
+              au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
             } else {
               uint4 const v[2] = {gr[j], ur[j]};
               int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
@@ -1398,18 +1405,22 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 }
 
 // ---- launch B on int8 dot products, each lane fixed on its chunks of the concatenated expert rows ------------------
-// MXFP4 experts (whole 32-column blocks, 16-byte aligned rows). One block of kLaneWarps warps per SM quantizes the
-// routed slots' down inputs once (two int8 limbs per element, stage_q8_global: 132 quantizations per step, not one per
-// resident block of the register kernel). Lane l owns chunks q = l + 32 u (u < kU) of the concatenation of the top_k
-// experts' rows for every output row it computes, so each chunk's expert pointers, limb address and routing weight ×
-// input scale are computed once per lane, not per chunk and row (the register kernel's per-chunk slot, address and
-// scale arithmetic was ~100 of its ~160 instructions per chunk). The codes are looked up biased (q8u_chunk).
+// MXFP4 experts (whole 32-column blocks, 16-byte aligned rows). One block per SM quantizes the routed slots' down
+// inputs once (two int8 limbs per element, stage_q8_global: 132 quantizations per step, not one per resident block of
+// the register kernel). Lane l owns chunks q = l + 32 u (u < kU) of the concatenation of the top_k experts' rows for
+// every output row it computes, so each chunk's expert offsets, limb address and routing weight × input scale are
+// computed once per lane, not per chunk and row (the register kernel's per-chunk slot, address and scale arithmetic was
+// ~100 of its ~160 instructions per chunk). Each warp takes kLaneRows adjacent output rows at once (their loads in
+// flight together, each limb word read once for both), and the launcher sizes the blocks (warps = rows / (kLaneRows ×
+// SMs), rounded up; Ling: 10) so that every warp has one pass: with 16 warps of one row, 448 warps had a second pass
+// and the last blocks ended 4 µs after the median one. The codes are looked up biased (q8u_chunk).
 // kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
-inline constexpr int kLaneWarps = 16;
+inline constexpr int kLaneRows = 2, kLaneMaxWarps = 12;
 template <class KS, int kU, bool kFull>
-__global__ void __launch_bounds__(kLaneWarps * 32, 1)
+__global__ void __launch_bounds__(kLaneMaxWarps * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
+  constexpr int R = kLaneRows;
   extern __shared__ float4 smem_f4[];
   __shared__ DownSlots s_slots;
   __shared__ __align__(8) std::uint32_t s_tab[2];
@@ -1419,15 +1430,15 @@ __global__ void __launch_bounds__(kLaneWarps * 32, 1)
   std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_sh));
   float* const sx = reinterpret_cast<float*>(q + q8_slots(nq));
-  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
-  std::int64_t const stride = std::int64_t(gridDim.x) * kLaneWarps;
+  int const W = int(blockDim.x >> 5), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  std::int64_t const first = (std::int64_t(blockIdx.x) * W + warp) * R, stride = std::int64_t(gridDim.x) * W * R;
   pdl_trigger();
   trace_mark(a.trace_b, 0);
   if constexpr (has_fast_kernel<PS>) {  // the shared expert's rows of this warp (no dependence on earlier kernels)
     if (a.has_shared) {
       std::int64_t const srb = a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type));
-      for (std::int64_t r = std::int64_t(blockIdx.x) * kLaneWarps + warp; r < rows; r += stride)
-        warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, srb);
+      for (std::int64_t r = first; r < rows; r += stride)
+        warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, (rows - r < R ? rows - r : R) * srb);
     }
   }
   pdl_wait();
@@ -1440,7 +1451,7 @@ __global__ void __launch_bounds__(kLaneWarps * 32, 1)
   trace_mark(a.trace_b, 2);
 
   // this lane's chunks: byte offsets of their 16 bytes of row 0 from the first expert's data and of their scale byte
-  // from its scales (32 bits: an expert tensor of 512 experts is < 4 GB), routing weight × input scale
+  // from its scales (32 bits: the launcher checks the expert tensors are < 4 GB), routing weight × input scale
   auto const* const data0 = static_cast<char const*>(a.down.data);
   auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
   std::uint32_t po[kU], pso[kU];
@@ -1457,46 +1468,61 @@ __global__ void __launch_bounds__(kLaneWarps * 32, 1)
   std::uint32_t pos_lo, neg_lo;
   e2m1_tables_load(s_tab, pos_lo, neg_lo);
   float const* const xs_shared = xs;
-  for (std::int64_t r = std::int64_t(blockIdx.x) * kLaneWarps + warp; r < rows; r += stride) {
-    [[maybe_unused]] RowLoad<PS, 2> shared_row;
+  for (std::int64_t r0 = first; r0 < rows; r0 += stride) {
+    std::int64_t rr[R];  // rows past the end repeat r0 (computed, not written)
+#pragma unroll
+    for (int n = 0; n < R; ++n) rr[n] = r0 + n < rows ? r0 + n : r0;
+    [[maybe_unused]] RowLoad<PS, 2> shared_row[R];
     bool early = false;
     if constexpr (has_fast_kernel<PS>) {
       early = a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
-      if (early) row_load(shared_row, a.sdown, r);
+      if (early) {
+#pragma unroll
+        for (int n = 0; n < R; ++n) row_load(shared_row[n], a.sdown, rr[n]);
+      }
     }
-    char const* const rowp = data0 + r * rb;
-    std::uint8_t const* const srowp = scales0 + r * C;
-    uint4 v[kU];
-    std::uint32_t sc[kU];
+    uint4 v[kU][R];
+    std::uint32_t sc[kU][R];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (kFull || lane + 32 * u < nq) {
-        v[u] = ld_stream(rowp + po[u]);
-        sc[u] = __ldg(srowp + pso[u]);
+#pragma unroll
+        for (int n = 0; n < R; ++n) {
+          v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
+          sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
+        }
       }
     }
-    float acc = 0.f;
+    float acc[R];
+#pragma unroll
+    for (int n = 0; n < R; ++n) acc[n] = 0.f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (kFull || lane + 32 * u < nq) {
-        int2 const d = q8u_chunk(v[u], q + 9 * (lane + 32 * u), pos_lo, neg_lo);
-        acc = fmaf(fmaf(float(d.y), kQ8LimbScale, float(d.x)), ue8m0_float_sel(sc[u]) * f[u], acc);
+        int2 d[R];
+        q8u_chunk<R>(v[u], q + 9 * (lane + 32 * u), pos_lo, neg_lo, d);
+#pragma unroll
+        for (int n = 0; n < R; ++n)
+          acc[n] = fmaf(fmaf(float(d[n].y), kQ8LimbScale, float(d[n].x)), ue8m0_float_sel(sc[u][n]) * f[u], acc[n]);
       }
     }
-    if constexpr (has_fast_kernel<PS>) {
-      if (early) acc = fmaf(row_math(shared_row, a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+#pragma unroll
+    for (int n = 0; n < R; ++n) {
+      if constexpr (has_fast_kernel<PS>) {
+        if (early) acc[n] = fmaf(row_math(shared_row[n], a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, rr[n]), acc[n]);
+      }
+      if (a.has_shared && !early) {
+        void const* data[1] = {a.sdown.data};
+        void const* scales[1] = {a.sdown.scales};
+        std::int64_t r1[1] = {rr[n]};
+        bool valid[1] = {true};
+        float sacc[1] = {0.f};
+        RowDot<PS>::template lane_dot<1>(data, scales, r1, valid, a.sdown, xs_shared, sacc);
+        acc[n] = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, rr[n]), acc[n]);
+      }
+      float const sum = warp_sum(acc[n]);
+      if (lane == 0 && r0 + n < rows) out[r0 + n] = residual ? residual[r0 + n] + sum : sum;
     }
-    if (a.has_shared && !early) {
-      void const* data[1] = {a.sdown.data};
-      void const* scales[1] = {a.sdown.scales};
-      std::int64_t rr[1] = {r};
-      bool valid[1] = {true};
-      float sacc[1] = {0.f};
-      RowDot<PS>::template lane_dot<1>(data, scales, rr, valid, a.sdown, xs_shared, sacc);
-      acc = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, r), acc);
-    }
-    float const sum = warp_sum(acc);
-    if (lane == 0) out[r] = residual ? residual[r] + sum : sum;
   }
   trace_end(a.trace_b);
 }
@@ -1532,14 +1558,18 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
     std::size_t const smem = moe_down_lane_smem(a, n_sh);
     if (smem > std::size_t(smem_optin_bytes())) return false;
-    std::int64_t const want = (a.down.rows + kLaneWarps - 1) / kLaneWarps;
+    // one block per SM, warps enough for one pass over the rows (kLaneRows each), 4 to kLaneMaxWarps
+    std::int64_t const pairs = (a.down.rows + kLaneRows - 1) / kLaneRows;
+    std::int64_t warps = (pairs + sm_count() - 1) / sm_count();
+    warps = warps < 4 ? 4 : warps > kLaneMaxWarps ? kLaneMaxWarps : warps;  // at most 12: 170 registers per thread
+    std::int64_t const want = (pairs + warps - 1) / warps;
     int const blocks = int(want < sm_count() ? want : sm_count());
     auto go = [&](auto kernel) {
       if (smem > 48 * 1024) {
         err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return true;
       }
-      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(kLaneWarps * 32), smem, stream, a, h, residual, out);
+      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
     if (nq == 32 * 6) return go(moe_down_lane_kernel<KS, 6, true>);
