@@ -165,11 +165,12 @@ std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant
 // chunks, kU = 8 with them below 256, the register kernel above) and the register kernel (LING_MOE_DOWN_LANE=0).
 TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and off") {
   LING_REQUIRE_GPU();
-  for (char const* lane : {"1", "0"}) {
+  for (char const* lane : {"1", "2", "0"}) {  // lane kernel with 1 and 2 rows per warp, register kernel
     for (char const* q8 : {"1", "0", "2"}) {  // int8 (default), the fp32 decoder, int8 in both register kernels
       CAPTURE(lane);
       CAPTURE(q8);
-      setenv("LING_MOE_DOWN_LANE", lane, 1);
+      setenv("LING_MOE_DOWN_LANE", *lane == '0' ? "0" : "1", 1);
+      setenv("LING_MOE_LANE_ROWS", lane, 1);
       setenv("LING_MOE_Q8", q8, 1);
       check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 4.0f, 5.0f);
       check_moe<quant::Mxfp4, quant::Fp8Block>(256, 96, 72, 16, 4, 0.f, 0.f);
@@ -180,6 +181,7 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
     }
   }
   unsetenv("LING_MOE_DOWN_LANE");
+  unsetenv("LING_MOE_LANE_ROWS");
   unsetenv("LING_MOE_Q8");
 }
 
@@ -204,9 +206,9 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM,
       }
     }
   }
-  // launch A's streamed kernel on the unbiased lookup (q8_chunk; LING_MOE_Q8U=0) at the same shapes
+  // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1) at the same shapes
   setenv("LING_MOE_STREAM", "1", 1);
-  setenv("LING_MOE_Q8U", "0", 1);
+  setenv("LING_MOE_Q8U", "1", 1);
   for (char const* warps : {"8", "16"}) {
     CAPTURE(warps);
     setenv("LING_MOE_STREAM_WARPS", warps, 1);

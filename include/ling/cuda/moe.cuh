@@ -981,7 +981,7 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
-// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=0: q8_chunk, the A/B baseline).
+// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on).
 template <int kW, bool kBiased>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
@@ -1274,10 +1274,12 @@ inline int moe_stream_mode() {
   char const* e = std::getenv("LING_MOE_STREAM");
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
 }
-// LING_MOE_Q8U=0: launch A's streamed kernel on the unbiased int8 lookup (q8_chunk) instead of q8u_chunk.
+// LING_MOE_Q8U=1: launch A's streamed kernel on the biased lookup (q8u_chunk) instead of q8_chunk. Opt-in: though
+// faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs), in the model it measured slower, 1.2 µs per
+// layer in the step timeline and 3.047 against 2.984 ms/token (same run; the cause is not known).
 inline bool moe_q8u_on() {
   char const* e = std::getenv("LING_MOE_Q8U");
-  return !(e && *e == '0');
+  return e && *e == '1';
 }
 inline int moe_stream_warps() {
   char const* e = std::getenv("LING_MOE_STREAM_WARPS");
@@ -1410,17 +1412,17 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 // the register kernel). Lane l owns chunks q = l + 32 u (u < kU) of the concatenation of the top_k experts' rows for
 // every output row it computes, so each chunk's expert offsets, limb address and routing weight × input scale are
 // computed once per lane, not per chunk and row (the register kernel's per-chunk slot, address and scale arithmetic was
-// ~100 of its ~160 instructions per chunk). Each warp takes kLaneRows adjacent output rows at once (their loads in
-// flight together, each limb word read once for both), and the launcher sizes the blocks (warps = rows / (kLaneRows ×
-// SMs), rounded up; Ling: 10) so that every warp has one pass: with 16 warps of one row, 448 warps had a second pass
-// and the last blocks ended 4 µs after the median one. The codes are looked up biased (q8u_chunk).
+// ~100 of its ~160 instructions per chunk). Each warp takes R adjacent output rows at once (their loads in flight
+// together, each limb word read once for all), and the launcher sizes the blocks (warps = rows / (R × SMs), rounded
+// up; Ling: 20 of one row or 10 of two) so that every warp has one pass: with 16 warps of one row, 448 warps had a
+// second pass and the last blocks ended 4 µs after the median one. The codes are looked up biased (q8u_chunk).
 // kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
-inline constexpr int kLaneRows = 2, kLaneMaxWarps = 12;
-template <class KS, int kU, bool kFull>
-__global__ void __launch_bounds__(kLaneMaxWarps * 32, 1)
+// R: rows per warp (1: up to 20 warps at <= 102 registers; 2: up to 12 warps at <= 170).
+__host__ __device__ constexpr int lane_max_warps(int rows_per_warp) { return rows_per_warp == 1 ? 20 : 12; }
+template <class KS, int kU, bool kFull, int R>
+__global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
-  constexpr int R = kLaneRows;
   extern __shared__ float4 smem_f4[];
   __shared__ DownSlots s_slots;
   __shared__ __align__(8) std::uint32_t s_tab[2];
@@ -1533,6 +1535,11 @@ inline bool moe_down_lane_on() {
   char const* e = std::getenv("LING_MOE_DOWN_LANE");
   return !(e && *e == '0');
 }
+// LING_MOE_LANE_ROWS=2: two rows per warp (A/B measurements; default one).
+inline int moe_lane_rows() {
+  char const* e = std::getenv("LING_MOE_LANE_ROWS");
+  return e && *e == '2' ? 2 : 1;
+}
 inline std::size_t moe_down_lane_smem(MoeArgs const& a, std::int64_t n_sh) {
   int const nq = a.top_k * int(a.down.cols >> 5);
   return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
@@ -1558,11 +1565,12 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
     std::size_t const smem = moe_down_lane_smem(a, n_sh);
     if (smem > std::size_t(smem_optin_bytes())) return false;
-    // one block per SM, warps enough for one pass over the rows (kLaneRows each), 4 to kLaneMaxWarps
-    std::int64_t const pairs = (a.down.rows + kLaneRows - 1) / kLaneRows;
-    std::int64_t warps = (pairs + sm_count() - 1) / sm_count();
-    warps = warps < 4 ? 4 : warps > kLaneMaxWarps ? kLaneMaxWarps : warps;  // at most 12: 170 registers per thread
-    std::int64_t const want = (pairs + warps - 1) / warps;
+    // one block per SM, warps enough for one pass over the rows (R each), 4 to lane_max_warps(R)
+    int const R = moe_lane_rows();
+    std::int64_t const tasks = (a.down.rows + R - 1) / R;
+    std::int64_t warps = (tasks + sm_count() - 1) / sm_count();
+    warps = warps < 4 ? 4 : warps > lane_max_warps(R) ? lane_max_warps(R) : warps;
+    std::int64_t const want = (tasks + warps - 1) / warps;
     int const blocks = int(want < sm_count() ? want : sm_count());
     auto go = [&](auto kernel) {
       if (smem > 48 * 1024) {
@@ -1572,8 +1580,8 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (nq == 32 * 6) return go(moe_down_lane_kernel<KS, 6, true>);
-    return go(moe_down_lane_kernel<KS, 8, false>);
+    if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
+    return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
 }
 
