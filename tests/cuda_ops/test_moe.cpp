@@ -83,6 +83,21 @@ void check_moe(std::int64_t hidden, std::int64_t inter, std::int64_t shared_inte
   for (auto& x : wts) x = ud(rng());
   auto x = randn(static_cast<std::size_t>(hidden), 3.f);  // large enough that some pre-activations pass the clamp
   auto res = randn(static_cast<std::size_t>(hidden));
+  std::vector<double> xd(x.begin(), x.end());
+  // A clamp limit above every pre-activation of this draw (the seed changes per run) would leave φ's clamp untested:
+  // each limit is lowered to 0.7 × the largest |pre-activation| (SiLU(a) or |b|) of the matrices it applies to.
+  auto peak = [&](auto const& gm, auto const& um) {
+    auto a = matvec_ref(gm, xd), b = matvec_ref(um, xd);
+    double m = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) m = std::max({m, a[i] / (1.0 + std::exp(-a[i])), std::fabs(b[i])});
+    return m;
+  };
+  if (lr > 0) {
+    double m = 0;
+    for (int s = 0; s < top_k; ++s) m = std::max(m, peak(g[std::size_t(ids[std::size_t(s)])], u[std::size_t(ids[std::size_t(s)])]));
+    lr = std::min(lr, float(0.7 * m));
+  }
+  if (ls > 0 && shared_inter > 0) ls = std::min(ls, float(0.7 * peak(sg, su)));
 
   cuda::DeviceBuffer didx(ids.size() * sizeof(int));
   didx.upload(ids.data(), ids.size() * sizeof(int));
@@ -92,7 +107,6 @@ void check_moe(std::int64_t hidden, std::int64_t inter, std::int64_t shared_inte
   device_sync();
 
   g_clamp_hits = 0;
-  std::vector<double> xd(x.begin(), x.end());
   std::vector<double> href;
   std::vector<double> out(res.begin(), res.end());
   for (int s = 0; s < top_k; ++s) {
