@@ -879,7 +879,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
 // contiguous slice of rows (whole rows, 512 bytes per warp instruction) with cp.async at entry, so the bytes stream
 // while the producer still runs; after the wait it stages the input and computes from shared memory. Fits matrices of
 // up to ~100 KB of rows per SM (o_proj: 20 rows x 4 KB); the launcher refuses larger ones. Opt-in
-// (LING_MATVEC_PRELOAD=1 in the model) until measured.
+// (LING_MATVEC_PRELOAD=1 in the model): measured slower (H200, 2026-12-01: o_proj 6.95 against 5.30 µs, 3.095 against
+// 3.021 ms/token), because the producers still fill the register file, so these blocks are not resident early.
 inline constexpr int kPreloadThreads = 512, kPreloadWarps = kPreloadThreads / 32;
 inline constexpr std::size_t kPreloadMaxRowBytes = 112 * 1024;  // the slice of rows a block may hold
 
