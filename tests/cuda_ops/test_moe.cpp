@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
+#include <string>
 #include <utility>
 
 #include "ling/cuda/moe.hpp"
@@ -220,17 +221,23 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM,
       }
     }
   }
-  // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1) at the same shapes
+  // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1) and with its tile copies inlined
+  // (LING_MOE_ISSUE=0) at the same shapes
   setenv("LING_MOE_STREAM", "1", 1);
-  setenv("LING_MOE_Q8U", "1", 1);
-  for (char const* warps : {"8", "16"}) {
-    CAPTURE(warps);
-    setenv("LING_MOE_STREAM_WARPS", warps, 1);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
-    check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
+  for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_ISSUE=0"}) {
+    std::string const kv(var);
+    std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
+    setenv(name.c_str(), value.c_str(), 1);
+    for (char const* warps : {"8", "16"}) {
+      CAPTURE(var);
+      CAPTURE(warps);
+      setenv("LING_MOE_STREAM_WARPS", warps, 1);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
+      check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
+    }
+    unsetenv(name.c_str());
   }
-  unsetenv("LING_MOE_Q8U");
   unsetenv("LING_MOE_STREAM");
   unsetenv("LING_MOE_STREAM_WARPS");
   unsetenv("LING_MOE_Q8");

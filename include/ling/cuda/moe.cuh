@@ -981,8 +981,11 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
-// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on).
-template <int kW, bool kBiased>
+// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). kCompact: a tile's four
+// copies through one copy loop (the sources chosen first), not four inlined loops per tile kind and call site (ncu of
+// the model's instance: 36% of the stall cycles waiting for an instruction fetch; LING_MOE_ISSUE=0 for the inlined
+// copies).
+template <int kW, bool kBiased, bool kCompact>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1007,6 +1010,38 @@ __global__ void __launch_bounds__(kW * 32, 1)
   auto issue = [&](int m) {
     int const t = tile_of(m);
     unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
+    if constexpr (kCompact) {
+      // copy k of the tile: gate rows, up rows, gate scales, up scales (shared-expert or routed)
+      char const *s0, *s1, *s2, *s3;
+      std::int64_t n01, n23, o1, o2, o3;
+      if (t < sp.shared_tiles) {
+        std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
+        std::int64_t const so = (r0 >> 7) * ncb * 4;
+        s0 = static_cast<char const*>(a.sgate.data) + r0 * srb;
+        s1 = static_cast<char const*>(a.sup.data) + r0 * srb;
+        s2 = static_cast<char const*>(a.sgate.scales) + so;
+        s3 = static_cast<char const*>(a.sup.scales) + so;
+        n01 = nr * srb, n23 = std::int64_t(ncb) * 4;
+        o1 = R2 * srb, o2 = 2 * R2 * srb, o3 = 2 * R2 * srb + sscap;
+      } else {
+        int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
+        std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
+        int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
+        s0 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb;
+        s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
+        s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
+        s3 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk;
+        n01 = nr * rb, n23 = nr * nblk;
+        o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
+      }
+#pragma unroll 1
+      for (int k = 0; k < 4; ++k) {
+        char const* const src = k == 0 ? s0 : k == 1 ? s1 : k == 2 ? s2 : s3;
+        std::int64_t const off = k == 0 ? 0 : k == 1 ? o1 : k == 2 ? o2 : o3;
+        warp_copy(dst + off, span16(src, k < 2 ? n01 : n23));
+      }
+      return;
+    }
     if (t < sp.shared_tiles) {
       std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
       std::int64_t const so = (r0 >> 7) * ncb * 4;
@@ -1282,6 +1317,11 @@ inline bool moe_q8u_on() {
   char const* e = std::getenv("LING_MOE_Q8U");
   return e && *e == '1';
 }
+// LING_MOE_ISSUE=0: launch A's tile copies inlined per tile kind and call site (the A/B baseline of kCompact).
+inline bool moe_issue_compact() {
+  char const* e = std::getenv("LING_MOE_ISSUE");
+  return !(e && *e == '0');
+}
 inline int moe_stream_warps() {
   char const* e = std::getenv("LING_MOE_STREAM_WARPS");
   return e && std::atoi(e) == 16 ? 16 : 8;
@@ -1368,12 +1408,15 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
-    bool const biased = moe_q8u_on();
-    if (moe_stream_warps() == 8)
-      return biased ? stream_launch(moe_gate_up_stream_kernel<8, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h)
-                    : stream_launch(moe_gate_up_stream_kernel<8, false>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
-    return biased ? stream_launch(moe_gate_up_stream_kernel<16, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h)
-                  : stream_launch(moe_gate_up_stream_kernel<16, false>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
+    bool const biased = moe_q8u_on(), compact = moe_issue_compact();
+    if (moe_stream_warps() == 8) {
+      if (biased) return stream_launch(moe_gate_up_stream_kernel<8, true, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
+      return compact ? stream_launch(moe_gate_up_stream_kernel<8, false, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h)
+                     : stream_launch(moe_gate_up_stream_kernel<8, false, false>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
+    }
+    if (biased) return stream_launch(moe_gate_up_stream_kernel<16, true, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
+    return compact ? stream_launch(moe_gate_up_stream_kernel<16, false, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h)
+                   : stream_launch(moe_gate_up_stream_kernel<16, false, false>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
   }
 }
 
