@@ -140,10 +140,48 @@ __device__ __forceinline__ std::uint32_t prmt_sign(std::uint32_t a, std::uint32_
 __host__ __device__ constexpr int q8_slot(int g) { return g + (g >> 3); }
 __host__ __device__ constexpr int q8_slots(int nblocks) { return nblocks * 9; }
 
+// One group of 4 elements (v, group g) of a 32-element block quantized by its 8 consecutive lanes (all lanes of the
+// warp call it: the block maximum and sums take 3 shuffles each): the limbs of g, and by the block's first group the
+// block scale amax · post and the bias correction {−12 Σ q0, −12 Σ q1} (q8u_chunk) in the block's padding slot.
+// NaN's bits exceed all others, so a NaN input makes its block's scale NaN.
+__device__ __forceinline__ void q8_group(float4 const& v, int g, bool ok, int2* q, float* sx, float post) {
+  unsigned m = max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
+                   max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w))));
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+  m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  float const amax = __uint_as_float(m);
+  float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;  // |v inv| <= 127 (1 + 2 ulp): rounds to <= 127
+  float const e[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
+  std::uint32_t w0 = 0, w1 = 0;
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float const f0 = rintf(e[k]);
+    int const i0 = int(f0), i1 = int(rintf((e[k] - f0) * 254.f));
+    w0 |= (std::uint32_t(i0) & 0xFFu) << (8 * k);
+    w1 |= (std::uint32_t(i1) & 0xFFu) << (8 * k);
+    s0 += i0;
+    s1 += i1;
+  }
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {  // the block's Σ q0, Σ q1
+    s0 += __shfl_xor_sync(0xffffffffu, s0, o);
+    s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+  }
+  if (ok) {
+    q[q8_slot(g)] = make_int2(int(w0), int(w1));
+    if ((g & 7) == 0) {
+      sx[g >> 3] = amax * post;
+      q[9 * (g >> 3) + 8] = make_int2(-12 * s0, -12 * s1);
+    }
+  }
+}
+
 // Quantizes staged blocks [0, nblocks) of xs (padded float layout, times `unit`) into limbs q and block scales sx
 // (which fold in 0.5 for the doubled E2M1 codes and 1 / unit). A thread takes a group of 4 elements (one float4, one
-// int2 store), 8 consecutive lanes a block, whose maximum takes 3 shuffles. A NaN or infinite input makes its block's
-// scale NaN, so the rows that read it turn NaN (never a silent finite value).
+// int2 store), 8 consecutive lanes a block (q8_group). A NaN or infinite input makes its block's scale NaN, so the rows
+// that read it turn NaN (never a silent finite value).
 __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, int nblocks, float unit) {
   int const ngroups = nblocks * 8;
   float const post = 0.5f / 127.f / unit;
@@ -151,37 +189,7 @@ __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, in
     int const g = base + int(threadIdx.x);
     bool const ok = g < ngroups;
     float4 const v = ok ? *reinterpret_cast<float4 const*>(xs + xpad(4 * g)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    unsigned m = max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
-                     max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w))));  // NaN's bits exceed all others
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-    float const amax = __uint_as_float(m);
-    float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;  // |v inv| <= 127 (1 + 2 ulp): rounds to <= 127
-    float const e[4] = {v.x * inv, v.y * inv, v.z * inv, v.w * inv};
-    std::uint32_t w0 = 0, w1 = 0;
-    int s0 = 0, s1 = 0;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      float const f0 = rintf(e[k]);
-      int const i0 = int(f0), i1 = int(rintf((e[k] - f0) * 254.f));
-      w0 |= (std::uint32_t(i0) & 0xFFu) << (8 * k);
-      w1 |= (std::uint32_t(i1) & 0xFFu) << (8 * k);
-      s0 += i0;
-      s1 += i1;
-    }
-#pragma unroll
-    for (int o = 1; o < 8; o <<= 1) {  // the block's Σ q0, Σ q1 (q8u_chunk's correction)
-      s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-      s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-    }
-    if (ok) {
-      q[q8_slot(g)] = make_int2(int(w0), int(w1));
-      if ((g & 7) == 0) {
-        sx[g >> 3] = amax * post;
-        q[9 * (g >> 3) + 8] = make_int2(-12 * s0, -12 * s1);
-      }
-    }
+    q8_group(v, g, ok, q, sx, post);
   }
 }
 
@@ -240,39 +248,9 @@ __device__ __forceinline__ void stage_q8_global(int2* q, float* sx, float const*
     }
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
-      int const g = base + i * int(blockDim.x) + int(threadIdx.x);
       if (base + i * int(blockDim.x) >= ngroups) break;  // uniform: no lane of the block has a group past here
-      unsigned m = max(max(__float_as_uint(fabsf(v[i].x)), __float_as_uint(fabsf(v[i].y))),
-                       max(__float_as_uint(fabsf(v[i].z)), __float_as_uint(fabsf(v[i].w))));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      float const amax = __uint_as_float(m);
-      float const inv = amax > 0.f ? __fdividef(127.f, amax) : 0.f;
-      float const e[4] = {v[i].x * inv, v[i].y * inv, v[i].z * inv, v[i].w * inv};
-      std::uint32_t w0 = 0, w1 = 0;
-      int s0 = 0, s1 = 0;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        float const f0 = rintf(e[k]);
-        int const i0 = int(f0), i1 = int(rintf((e[k] - f0) * 254.f));
-        w0 |= (std::uint32_t(i0) & 0xFFu) << (8 * k);
-        w1 |= (std::uint32_t(i1) & 0xFFu) << (8 * k);
-        s0 += i0;
-        s1 += i1;
-      }
-#pragma unroll
-      for (int o = 1; o < 8; o <<= 1) {
-        s0 += __shfl_xor_sync(0xffffffffu, s0, o);
-        s1 += __shfl_xor_sync(0xffffffffu, s1, o);
-      }
-      if (g < ngroups) {
-        q[q8_slot(g)] = make_int2(int(w0), int(w1));
-        if ((g & 7) == 0) {
-          sx[g >> 3] = amax * (0.5f / 127.f);
-          q[9 * (g >> 3) + 8] = make_int2(-12 * s0, -12 * s1);
-        }
-      }
+      int const g = base + i * int(blockDim.x) + int(threadIdx.x);
+      q8_group(v[i], g, g < ngroups, q, sx, 0.5f / 127.f);
     }
   }
 }
