@@ -557,6 +557,34 @@ __device__ __forceinline__ float down_routed_generic(MoeArgs const& a, int const
   return acc * RowDot<P>::row_scale(nullptr, 0);
 }
 
+// Launch B's shared-expert row: with the fast layout and at most 64 chunks (Ling's 768 FP8 columns are 48) it is
+// loaded with the routed rows (`early`: one round trip for the whole task), else streamed after their math.
+template <class PS>
+__device__ __forceinline__ bool shared_down_early(MoeArgs const& a) {
+  if constexpr (has_fast_kernel<PS>) return a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
+  else return false;
+}
+// acc plus this lane's partial of the shared expert's down row r against its staged input xs_shared (row: the early
+// load of the row, unused otherwise).
+template <class PS>
+__device__ __forceinline__ float shared_down_add(MoeArgs const& a, RowLoad<PS, 2> const& row, bool early, std::int64_t r,
+                                                 float const* xs_shared, float acc) {
+  if constexpr (has_fast_kernel<PS>) {
+    if (early) acc = fmaf(row_math(row, a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+  }
+  if (a.has_shared && !early) {
+    void const* data[1] = {a.sdown.data};
+    void const* scales[1] = {a.sdown.scales};
+    std::int64_t rr[1] = {r};
+    bool valid[1] = {true};
+    float sacc[1] = {0.f};
+    RowDot<PS>::template lane_dot<1>(data, scales, rr, valid, a.sdown, xs_shared, sacc);
+    // row_scale is per row (FP8-row); fold it into the lane partial before the sum
+    acc = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, r), acc);
+  }
+  return acc;
+}
+
 template <class KE, class KS, int kMinBlocks, bool kQ8>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs a, float const* __restrict__ h,
                                                             float const* residual, float* out) {
@@ -601,28 +629,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_down_kernel(MoeArgs 
     // the shared expert's row (at most 64 chunks: Ling's 768 FP8 columns are 48) is loaded with the routed rows, not
     // after their math: one round trip for the whole task
     [[maybe_unused]] RowLoad<PS, 2> shared_row;
-    bool early = false;
+    bool const early = shared_down_early<PS>(a);
     if constexpr (has_fast_kernel<PS>) {
-      early = a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
       if (early) row_load(shared_row, a.sdown, r);
     }
     float acc;
     if constexpr (kQ8) acc = down_routed_q8(a, s_slots, r, q, sx, bps, fd);
     else if constexpr (RowDot<PE>::kFast) acc = down_routed_fast<PE>(a, s_slots, r, xs, seg, fd);
     else acc = down_routed_generic<PE>(a, s_idx, s_w, r, xs, seg);
-    if constexpr (has_fast_kernel<PS>) {
-      if (early) acc = fmaf(row_math(shared_row, a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, r), acc);
-    }
-    if (a.has_shared && !early) {
-      void const* data[1] = {a.sdown.data};
-      void const* scales[1] = {a.sdown.scales};
-      std::int64_t rr[1] = {r};
-      bool valid[1] = {true};
-      float sacc[1] = {0.f};
-      RowDot<PS>::template lane_dot<1>(data, scales, rr, valid, a.sdown, xs + xpad(a.top_k * seg), sacc);
-      // row_scale is per row (FP8-row); fold it into the lane partial before the sum
-      acc = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, r), acc);
-    }
+    acc = shared_down_add<PS>(a, shared_row, early, r, xs_shared, acc);
     float const v = warp_sum(acc);
     if (lane == 0) out[r] = residual ? residual[r] + v : v;
   }
@@ -1497,9 +1512,8 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
 #pragma unroll
     for (int n = 0; n < R; ++n) rr[n] = r0 + n < rows ? r0 + n : r0;
     [[maybe_unused]] RowLoad<PS, 2> shared_row[R];
-    bool early = false;
+    bool const early = shared_down_early<PS>(a);
     if constexpr (has_fast_kernel<PS>) {
-      early = a.has_shared && a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) / 16 <= 64;
       if (early) {
 #pragma unroll
         for (int n = 0; n < R; ++n) row_load(shared_row[n], a.sdown, rr[n]);
@@ -1532,18 +1546,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     }
 #pragma unroll
     for (int n = 0; n < R; ++n) {
-      if constexpr (has_fast_kernel<PS>) {
-        if (early) acc[n] = fmaf(row_math(shared_row[n], a.sdown, xs_shared), RowDot<PS>::row_scale(a.sdown.scales, rr[n]), acc[n]);
-      }
-      if (a.has_shared && !early) {
-        void const* data[1] = {a.sdown.data};
-        void const* scales[1] = {a.sdown.scales};
-        std::int64_t r1[1] = {rr[n]};
-        bool valid[1] = {true};
-        float sacc[1] = {0.f};
-        RowDot<PS>::template lane_dot<1>(data, scales, r1, valid, a.sdown, xs_shared, sacc);
-        acc[n] = fmaf(sacc[0], RowDot<PS>::row_scale(a.sdown.scales, rr[n]), acc[n]);
-      }
+      acc[n] = shared_down_add<PS>(a, shared_row[n], early, rr[n], xs_shared, acc[n]);
       float const sum = warp_sum(acc[n]);
       if (lane == 0 && r0 + n < rows) out[r0 + n] = residual ? residual[r0 + n] + sum : sum;
     }
