@@ -373,6 +373,8 @@ int main(int argc, char** argv) {
                                         {"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
                                         {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},
                                         {"_stream16", {{"LING_MOE_STREAM_WARPS", "16"}, {nullptr, nullptr}}},
+                                        {"_streamA8", {{"LING_MOE_STREAM_WARPS_A", "8"}, {nullptr, nullptr}}},
+                                        {"_streamA20", {{"LING_MOE_STREAM_WARPS_A", "20"}, {nullptr, nullptr}}},
                                         {"_q8both", {{"LING_MOE_Q8", "2"}, {"LING_MOE_STREAM", "2"}}},
                                         {"_fp32dec", {{"LING_MOE_Q8", "0"}, {"LING_MOE_STREAM", "0"}}}};
   for (MoeVariant const& v : variants) {

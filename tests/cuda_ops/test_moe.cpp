@@ -201,19 +201,21 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
 }
 
 // The streamed kernels (per-warp cp.async rings in shared memory; moe.cuh) run Ling's formats by default; the same cases
-// run with two blocks of 8 warps per SM and one of 16, launch B streamed too, and on the register-streaming kernels. Shapes: a shared
-// expert with an odd row count (37), 20 experts per down tile (top_k 20), rows of 12 and 80 chunks (one and two rows
-// per warp at a time), fewer tiles than SMs.
-TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM, and the register kernels") {
+// run with two blocks of 8 warps per SM and one of 16 (and launch A with one of 20), launch B streamed too, and on the
+// register-streaming kernels. Shapes: a shared expert with an odd row count (37), 20 experts per down tile (top_k 20),
+// rows of 12 and 80 chunks (one and two rows per warp at a time), fewer tiles than SMs.
+TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warps per SM, and the register kernels") {
   LING_REQUIRE_GPU();
   for (char const* stream : {"2", "1", "0"}) {  // both launches streamed, launch A only (default), neither
-    for (char const* warps : {"8", "16"}) {
+    for (char const* warps : {"8", "16", "20"}) {
       for (char const* q8 : {"1", "2"}) {
+        if (std::string(warps) == "20" && (std::string(stream) != "1" || std::string(q8) != "1")) continue;
         CAPTURE(stream);
         CAPTURE(warps);
         CAPTURE(q8);
         setenv("LING_MOE_STREAM", stream, 1);
-        setenv("LING_MOE_STREAM_WARPS", warps, 1);
+        setenv("LING_MOE_STREAM_WARPS_A", warps, 1);
+        setenv("LING_MOE_STREAM_WARPS", std::string(warps) == "20" ? "16" : warps, 1);
         setenv("LING_MOE_Q8", q8, 1);
         check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
         check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
@@ -232,6 +234,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM,
       CAPTURE(var);
       CAPTURE(warps);
       setenv("LING_MOE_STREAM_WARPS", warps, 1);
+      setenv("LING_MOE_STREAM_WARPS_A", warps, 1);
       check_moe<quant::Mxfp4, quant::Fp8Block>(384, 160, 37, 24, 20, 4.0f, 5.0f);
       check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
       check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
@@ -240,6 +243,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8 and 1 × 16 warps per SM,
   }
   unsetenv("LING_MOE_STREAM");
   unsetenv("LING_MOE_STREAM_WARPS");
+  unsetenv("LING_MOE_STREAM_WARPS_A");
   unsetenv("LING_MOE_Q8");
 }
 

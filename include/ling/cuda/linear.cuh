@@ -178,6 +178,53 @@ __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const
   }
 }
 
+// stage_input's other cases (unaligned inputs, prologues without fused weights), out of line: every launch inlines
+// stage_input, and what it inlines is code its warps fetch right after their PDL wait (ncu of MoE launch A: instruction
+// fetch was its largest stall). red: 32 floats of shared memory.
+inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
+                                                     InputPrologue const& p, float* red) {
+  int const end = int(round32(n_stage)), nn = int(n);
+  auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
+  float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
+  float ss = 0.f;
+  if (aligned(x)) {  // four elements per load (the usual case)
+    ss = stage4<4>(xs, x, nn, end, pre);
+  } else {
+    for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
+      float v[kStageBatch];
+#pragma unroll
+      for (int i = 0; i < kStageBatch; ++i) {
+        int const c = base + i * int(blockDim.x);
+        v[i] = c < nn ? x[c] : 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < kStageBatch; ++i) {
+        int const c = base + i * int(blockDim.x);
+        if (c < end) xs[xpad(c)] = v[i] * pre;
+        ss = fmaf(v[i], v[i], ss);
+      }
+    }
+  }
+  if (p.kind == PrologueKind::kRmsNorm) {
+    // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
+    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
+    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];
+  } else if (p.kind == PrologueKind::kGatedHeadNorm) {
+    __syncthreads();
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
+    for (int h = warp; h < nn / p.head; h += nwarps) {
+      int const c0 = h * p.head;
+      float hs = 0.f;
+      for (int i = lane; i < p.head; i += 32) hs = fmaf(xs[xpad(c0 + i)], xs[xpad(c0 + i)], hs);
+      float const inv = rsqrtf(warp_sum(hs) / float(p.head) + p.eps) * kXPre;
+      for (int i = lane; i < p.head; i += 32) {
+        float const g = p.gate[c0 + i];
+        xs[xpad(c0 + i)] *= inv * p.norm_w[i] / (1.0f + expf(-g));
+      }
+    }
+  }
+}
+
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
@@ -218,44 +265,11 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     }
     return;
   }
-  float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
-  float ss = 0.f;
-  if (aligned(x)) {  // four elements per load (the usual case)
-    ss = stage4<4>(xs, x, nn, end, pre);
-  } else {
-    for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
-      float v[kStageBatch];
-#pragma unroll
-      for (int i = 0; i < kStageBatch; ++i) {
-        int const c = base + i * int(blockDim.x);
-        v[i] = c < nn ? x[c] : 0.f;
-      }
-#pragma unroll
-      for (int i = 0; i < kStageBatch; ++i) {
-        int const c = base + i * int(blockDim.x);
-        if (c < end) xs[xpad(c)] = v[i] * pre;
-        ss = fmaf(v[i], v[i], ss);
-      }
-    }
+  if (p.kind == PrologueKind::kPlain && aligned(x)) {  // four elements per load (the usual plain case)
+    stage4<4>(xs, x, nn, end, kXPre);
+    return;
   }
-  if (p.kind == PrologueKind::kRmsNorm) {
-    // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
-    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
-    for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];
-  } else if (p.kind == PrologueKind::kGatedHeadNorm) {
-    __syncthreads();
-    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
-    for (int h = warp; h < nn / p.head; h += nwarps) {
-      int const c0 = h * p.head;
-      float hs = 0.f;
-      for (int i = lane; i < p.head; i += 32) hs = fmaf(xs[xpad(c0 + i)], xs[xpad(c0 + i)], hs);
-      float const inv = rsqrtf(warp_sum(hs) / float(p.head) + p.eps) * kXPre;
-      for (int i = lane; i < p.head; i += 32) {
-        float const g = p.gate[c0 + i];
-        xs[xpad(c0 + i)] *= inv * p.norm_w[i] / (1.0f + expf(-g));
-      }
-    }
-  }
+  stage_input_slow(xs, x, n, n_stage, p, red);
 }
 
 // ---- programmatic dependent launch (PDL) ---------------------------------------------------------------------

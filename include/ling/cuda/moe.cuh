@@ -65,17 +65,14 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
-__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, RouteAhead const& ahead = {},
+// scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores).
+__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch, RouteAhead const& ahead = {},
                                                   bool use_ahead = false) {
   if (a.route.logits) {
     __shared__ float s_wsel[kMoeMaxTopK];
-    if (a.route.experts <= 512) router_select_block<16>(a.route, s_idx, s_wsel, ahead, use_ahead);
-    else router_select_block<kRouterMaxExperts / 32>(a.route, s_idx, s_wsel, ahead, use_ahead);
-    __syncthreads();
-    if (blockIdx.x == 0 && int(threadIdx.x) < a.top_k) {
-      a.sel_idx[threadIdx.x] = s_idx[threadIdx.x];
-      a.sel_w[threadIdx.x] = s_wsel[threadIdx.x];
-    }
+    bool const first = blockIdx.x == 0;
+    router_select_block(a.route, scratch, scratch + a.route.experts, s_idx, s_wsel, ahead, use_ahead,
+                        first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr);
   } else {
     stage_idx(s_idx, nullptr, a);
   }
@@ -386,7 +383,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   pdl_wait();
   trace_mark(a.trace_a, 1);
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
-  moe_block_routing(a, s_idx);
+  __shared__ float s_route[2 * kRouterMaxExperts];
+  moe_block_routing(a, s_idx, s_route);
   trace_mark(a.trace_a, 2);
   // int8 path: the limbs and block scales follow the staged floats in shared memory
   int const nblk = int(a.gate.cols >> 5);
@@ -972,6 +970,14 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
   return b < sp.tiles ? (sp.tiles - 1 - b) / g + 1 : 0;
 }
 
+// Launch A streamed: the int2 slots after the staged input, shared by the limbs (q8_slots) and, before them, the fused
+// selection's scores (2 · experts floats = experts slots). In dynamic shared memory rather than the selection's own
+// static arrays (8 KB for kRouterMaxExperts), which left room for one ring stage per warp instead of two at Ling's
+// shapes: the second tile of each warp was requested only after the first was decoded.
+__host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
+  return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
+}
+
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
 // kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). kCompact: a tile's four
@@ -987,8 +993,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
-  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
-  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
+  float* const sx = reinterpret_cast<float*>(q + stream_q_slots(nblk, a.route));
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // this warp's tiles: k = warp + m kW
@@ -1067,7 +1073,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   trace_mark(a.trace_a, 1);
   if (ahead) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-  moe_block_routing(a, s_idx, ra, ahead);
+  moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   trace_mark(a.trace_a, 2);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
   for (int m = 0; m < D; ++m) {
@@ -1170,8 +1176,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const sncb = a.has_shared ? int((a.sdown.cols + 127) >> 7) : 0;
   std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(srb) : 0);
   int const bps = C, nblk = top_k * bps;
-  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
-  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
+  float* const sx = reinterpret_cast<float*>(q + stream_q_slots(nblk, a.route));
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;
@@ -1315,13 +1321,29 @@ inline bool moe_issue_compact() {
   char const* e = std::getenv("LING_MOE_ISSUE");
   return !(e && *e == '0');
 }
+// Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
+// the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
+// 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
 inline int moe_stream_warps() {
   char const* e = std::getenv("LING_MOE_STREAM_WARPS");
   return e && std::atoi(e) == 16 ? 16 : 8;
 }
-// Two resident blocks of 8 warps per SM by default (each within half of the SM's shared memory), so that a block of the
-// next or previous kernel can share the SM at a launch boundary: 3.392 against 3.404 ms/token for one block of 16 warps
-// (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
+// Launch A's streamed kernel: one block of 16 warps per SM by default. Measured against two blocks of 8 once the
+// selection's code shrank (H200, 2026-12-01, ms/token, same run): 2.748 / 2.750 against 2.804 (8 warps, one ring stage)
+// and 2.882 (8 warps, two stages: the blocks then fill the SM's shared memory). Two blocks run the staging and the
+// expert selection twice per SM. LING_MOE_STREAM_WARPS_A=8 or 20 for the others.
+inline int moe_stream_warps_a() {
+  char const* e = std::getenv("LING_MOE_STREAM_WARPS_A");
+  int const n = e && *e ? std::atoi(e) : 16;
+  return n == 8 || n == 20 ? n : 16;
+}
+// LING_MOE_STREAM_STAGES=n caps the ring stages per warp (measurements: n = 1 is launch A's plan before the selection's
+// scratch moved into dynamic shared memory).
+inline int moe_stream_stage_cap() {
+  char const* e = std::getenv("LING_MOE_STREAM_STAGES");
+  int const n = e && *e ? std::atoi(e) : 0;
+  return n >= 1 ? n : kStreamMaxStages;
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1368,6 +1390,7 @@ bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologu
   std::int64_t st = avail / (std::int64_t(warps) * sp.stage_bytes);
   if (st > kStreamMaxStages) st = kStreamMaxStages;
   if (st > per_warp) st = per_warp;
+  if (st > moe_stream_stage_cap()) st = moe_stream_stage_cap();
   if (st < 1) return false;
   sp.stages = int(st);
   std::size_t const smem =
@@ -1397,12 +1420,15 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     sp.tiles = sp.shared_tiles + a.top_k * sp.tiles_per_slot;
     std::int64_t const cols = a.gate.cols, nblk = cols / 32, ncb = (cols + 127) / 128;
     std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;
-    std::int64_t const prologue = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(q8_slots(int(nblk))) * 8 + nblk * 4;
+    std::int64_t const prologue = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots(int(nblk), a.route)) * 8 + nblk * 4;
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
     bool const biased = moe_q8u_on(), compact = moe_issue_compact();
-    if (moe_stream_warps() == 8) {
+    int const warps = moe_stream_warps_a();
+    if (warps == 20 && !biased && compact)
+      return stream_launch(moe_gate_up_stream_kernel<20, false, true>, 20, sp, prologue, stage, stream, err, a, u, pro, h);
+    if (warps == 8) {
       if (biased) return stream_launch(moe_gate_up_stream_kernel<8, true, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
       return compact ? stream_launch(moe_gate_up_stream_kernel<8, false, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h)
                      : stream_launch(moe_gate_up_stream_kernel<8, false, false>, 8, sp, prologue, stage, stream, err, a, u, pro, h);

@@ -55,68 +55,83 @@ __device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead
 
 // Lane k < top_k of the calling warp holds pick k: writes it and its weight (the weight sum is gathered in pick
 // order, as the CPU adds them).
-__device__ __forceinline__ void router_write_picks(RouteSel const& a, float const* s_score, int chosen, int* out_idx, float* out_w) {
+__device__ __forceinline__ void router_write_picks(RouteSel const& a, float const* s_score, int chosen, int* out_idx, float* out_w,
+                                                   int* out_idx2 = nullptr, float* out_w2 = nullptr) {
   int const lane = threadIdx.x & 31;
   float const w = lane < a.top_k ? s_score[chosen] : 0.f;
   float sum = 0.f;
+#pragma unroll 1
   for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
   if (lane < a.top_k) {
+    float const wk = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
     out_idx[lane] = chosen;
-    out_w[lane] = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
+    out_w[lane] = wk;
+    if (out_idx2) {
+      out_idx2[lane] = chosen;
+      out_w2[lane] = wk;
+    }
   }
 }
 
 // The top-k of the selection by one warp, from the block's shared score arrays (s_sel: biased, dropped groups at
-// -inf; s_score: unbiased). Lane k writes pick k and its weight.
-template <int kPer>
-__device__ __forceinline__ void router_topk_warp(RouteSel const& a, float const* s_score, float const* s_sel, int* out_idx,
-                                                 float* out_w) {
+// -inf; s_score: unbiased). Lane k writes pick k and its weight. The shapes outside the two-stage path take this one:
+// each round every lane scans its experts (l, l + 32, ...) in shared memory, skipping the ones it already gave away
+// (a bit per expert in a register), and one warp max picks the winner. A loop, not register arrays unrolled per
+// expert count: MoE launch A inlines the selection in every block, and its code size is what the launch waits on
+// (ncu: instruction-fetch stalls), while this path's few hundred shared loads do not matter.
+static_assert(kRouterMaxExperts <= 32 * 32, "router_topk_warp keeps one 32-bit mask of taken experts per lane");
+__device__ __forceinline__ int router_topk_warp(RouteSel const& a, float const* s_sel) {
   int const E = a.experts, lane = threadIdx.x & 31;
   int const per = (E + 31) / 32;
-  unsigned long long key[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    int const e = i * 32 + lane;
-    key[i] = (i < per && e < E) ? argmax_key(s_sel[e], e) : 0ull;
-  }
+  unsigned taken = 0u;
   int chosen = 0;
+#pragma unroll 1
   for (int k = 0; k < a.top_k; ++k) {
-    unsigned long long best = 0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (i < per) best = key[i] > best ? key[i] : best;
-    best = warp_max_u64_fast(best);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      if (i < per && key[i] == best) key[i] = 0ull;  // keys are unique (the id is in the low bits)
-    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
+    unsigned long long best = 0ull;
+    int bi = -1;
+#pragma unroll 1
+    for (int i = 0; i < per; ++i) {
+      int const e = i * 32 + lane;
+      if (e < E && !((taken >> i) & 1u)) {
+        unsigned long long const key = argmax_key(s_sel[e], e);  // > 0 for every expert (the id is in the low bits)
+        if (key > best) {
+          best = key;
+          bi = i;
+        }
+      }
+    }
+    unsigned long long const win = warp_max_u64_fast(best);
+    if (bi >= 0 && best == win) taken |= 1u << bi;  // keys are unique: one lane owns the winner
+    if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(win & 0xFFFFFFFFu));
   }
-  router_write_picks(a, s_score, chosen, out_idx, out_w);
+  return chosen;
 }
 
 // Two-stage top-k of the grouped selection, stage 2 (one warp): lane l holds candidate key l (0: none) of the
 // kept groups' own top-k lists; the top_k rounds are one warp max each.
-__device__ __forceinline__ void router_topk_merge(RouteSel const& a, float const* s_score, unsigned long long key, int* out_idx,
-                                                  float* out_w) {
+__device__ __forceinline__ int router_topk_merge(RouteSel const& a, unsigned long long key) {
   int const lane = threadIdx.x & 31;
   int chosen = 0;
+#pragma unroll 1
   for (int k = 0; k < a.top_k; ++k) {
     unsigned long long const best = warp_max_u64_fast(key);
     if (key == best) key = 0ull;
     if (lane == k) chosen = int(0xFFFFFFFFu - std::uint32_t(best & 0xFFFFFFFFu));
   }
-  router_write_picks(a, s_score, chosen, out_idx, out_w);
+  return chosen;
 }
 
 // The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
 // to out_idx[k] and its weight to out_w[k] (global or shared memory; the caller synchronizes before reading them).
-template <int kPer>  // experts per lane of the top-k warp: E <= 32 * kPer
-__device__ __forceinline__ void router_select_block(RouteSel const& a, int* out_idx, float* out_w, RouteAhead const& ahead = {},
-                                                    bool use_ahead = false) {
-  __shared__ float s_score[kRouterMaxExperts];
-  __shared__ float s_sel[kRouterMaxExperts];
+// s_score and s_sel: the caller's shared scratch of a.experts floats each (MoE launch A lends it part of its dynamic
+// shared memory, so that the selection's scratch does not cost its warps a ring stage).
+// out_idx2 / out_w2: a second copy of the picks (MoE launch A's block 0: global memory for launch B), or null.
+__device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_score, float* s_sel, int* out_idx, float* out_w,
+                                                    RouteAhead const& ahead = {}, bool use_ahead = false,
+                                                    int* out_idx2 = nullptr, float* out_w2 = nullptr) {
   __shared__ float s_group[kRouterMaxGroups];
   __shared__ unsigned char s_keep[kRouterMaxGroups];
+  __shared__ unsigned long long s_cand[32];
   int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float const ninf = __uint_as_float(0xFF800000u);
   auto put = [&](int e, float l, float bias) {
@@ -134,9 +149,12 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, int* out_
     e0 += kRouteAhead * int(blockDim.x);
   }
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
-  __syncthreads();
   int const gsize = E / a.n_group;
   bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
+  // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k lists)
+  bool const two = grouped && gsize <= 64 && a.topk_group * a.top_k <= 32 && a.n_group <= 32;
+  if (two && threadIdx.x < 32) s_cand[threadIdx.x] = 0ull;
+  __syncthreads();
   if (grouped) {
     // group score = sum of the two largest biased scores of the group (one warp per group)
     for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {  // any block size (the streamed MoE has 9+ warps)
@@ -157,30 +175,27 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, int* out_
       if (lane == 0) s_group[g] = gsize >= 2 ? b1 + b2 : b1;
     }
     __syncthreads();
-    if (threadIdx.x < a.n_group) {  // keep the topk_group best groups (ties: lower index): each group counts its betters
-      int const g = threadIdx.x;
+    // keep the topk_group best groups (ties: lower index): each group counts its betters
+    auto rank_of = [&](int g) {
       float const v = s_group[g];
       int rank = 0;
       for (int o = 0; o < a.n_group; ++o) {
         float const w = s_group[o];
         rank += (w > v || (w == v && o < g)) ? 1 : 0;
       }
-      s_keep[g] = rank < a.topk_group ? 1 : 0;
-    }
-    __syncthreads();
-    if (gsize <= 64 && a.topk_group * a.top_k <= 32) {
-      // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k
-      // lists): the warps take the kept groups (2 keys per lane), then warp 0 merges the topk_group · top_k candidates
-      __shared__ unsigned long long s_cand[32];
-      if (threadIdx.x < 32) s_cand[threadIdx.x] = 0ull;
-      __syncthreads();
+      return rank;
+    };
+    if (two) {
+      // every warp ranks the groups itself (lane o group o; a ballot is the keep mask), so no barrier before the warps
+      // take the kept groups (2 keys per lane); then warp 0 merges the topk_group · top_k candidates
+      unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank_of(lane) < a.topk_group);
       for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {
-        if (!s_keep[g]) continue;
-        int j = 0;
-        for (int o = 0; o < g; ++o) j += s_keep[o];
+        if (!((keep >> g) & 1u)) continue;
+        int const j = __popc(keep & ((1u << g) - 1u));
         int const e0 = g * gsize + lane, e1 = e0 + 32;
         unsigned long long k0 = lane < gsize ? argmax_key(s_sel[e0], e0) : 0ull;
         unsigned long long k1 = lane + 32 < gsize ? argmax_key(s_sel[e1], e1) : 0ull;
+#pragma unroll 1
         for (int k = 0; k < a.top_k; ++k) {
           unsigned long long const best = warp_max_u64_fast(k0 > k1 ? k0 : k1);
           if (k0 == best) k0 = 0ull;
@@ -189,18 +204,19 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, int* out_
         }
       }
       __syncthreads();
-      if (warp == 0) router_topk_merge(a, s_score, s_cand[lane], out_idx, out_w);
-      return;
+    } else {
+      if (threadIdx.x < a.n_group) s_keep[threadIdx.x] = rank_of(int(threadIdx.x)) < a.topk_group ? 1 : 0;
+      __syncthreads();
+      for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (!s_keep[e / gsize]) s_sel[e] = ninf;
+      __syncthreads();
     }
-    for (int e = threadIdx.x; e < E; e += blockDim.x)
-      if (!s_keep[e / gsize]) s_sel[e] = ninf;
-    __syncthreads();
   }
-  // top-k by one warp (no block barriers): the keys live in registers (lane l holds experts l, l+32, ...), each of
-  // the k rounds is a register max, a warp max of 64-bit keys, and the owner clearing the winner's key; lane k keeps
-  // the k-th pick.
+  // the top-k by warp 0 (no block barriers): the two-stage merge, or one warp over all experts; then the picks and
+  // their weights, written once (one inlined copy of each step)
   if (warp != 0) return;
-  router_topk_warp<kPer>(a, s_score, s_sel, out_idx, out_w);
+  int const chosen = two ? router_topk_merge(a, s_cand[lane]) : router_topk_warp(a, s_sel);
+  router_write_picks(a, s_score, chosen, out_idx, out_w, out_idx2, out_w2);
 }
 
 template <class K>
@@ -253,8 +269,8 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   if (!s_last) return;
   __threadfence();
   RouteSel const sel{a.logits, a.bias, int(a.w.rows), a.top_k, a.n_group, a.topk_group, a.norm_topk_prob, a.routed_scaling};
-  if (a.w.rows <= 512) router_select_block<16>(sel, a.idx, a.weights);  // Ling: 512 experts, 16 keys per lane
-  else router_select_block<kRouterMaxExperts / 32>(sel, a.idx, a.weights);
+  __shared__ float s_score[kRouterMaxExperts], s_sel[kRouterMaxExperts];
+  router_select_block(sel, s_score, s_sel, a.idx, a.weights);
   if (threadIdx.x == 0) *a.counter = 0u;  // re-armed for the next launch (no other block reads it any more)
 }
 
