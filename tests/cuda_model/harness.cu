@@ -61,20 +61,25 @@ std::vector<float> embedding(HostMatrix const& table, std::vector<std::int32_t> 
 }
 
 std::vector<float> matvec(HostMatrix const& m, std::vector<float> const& x, int prologue, std::vector<float> const& norm_w,
-                          std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual) {
+                          std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual,
+                          std::vector<float> const* head_ss, int ss_parts) {
   DevMatrix dm(m);
   auto dx = up(x), dn = up(norm_w), dg = up(gate);
   auto out = poisoned(m.rows);
-  DeviceBuffer dr;
+  DeviceBuffer dr, dss;
   if (residual) dr = up(*residual);
+  if (head_ss) dss = up(*head_ss);
   cuda::ops::PrologueArgs pa{cuda::ops::Prologue(prologue), dn.data<float>(), dg.data<float>(), head, eps};
+  if (head_ss) pa.head_ss = dss.data<float>(), pa.ss_parts = ss_parts;
   cuda::ops::matvec(nullptr, dx.data<float>(), pa, {{&dm.m, out.data<float>(), residual ? dr.data<float>() : nullptr}});
   return down<float>(out, m.rows);
 }
 
 std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T, std::vector<float> const& xq,
                              std::vector<float> const& xk, std::vector<float> const& xv, std::vector<float> const& f,
-                             std::vector<float> const& b) {
+                             std::vector<float> const& b, std::vector<float>* o_ss) {
+  std::int64_t const nss = std::int64_t(k.heads) * cuda::kda_ss_parts(k.head_dim);
+  if (o_ss) o_ss->clear();
   std::int64_t const P = std::int64_t(k.heads) * k.head_dim;
   auto dw = up(k.conv_w), da = up(k.a_log), ddt = up(k.dt_bias), ds = up(k.state), dring = up(k.ring);
   auto dq = up(xq), dk = up(xk), dv = up(xv), df = up(f), db = up(b);
@@ -101,8 +106,17 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
     a.state = ds.data<float>();
     a.o = out.data<float>() + t * P;
     a.position = dpos.data<std::int32_t>();
+    DeviceBuffer dss;
+    if (o_ss) {
+      dss = poisoned(std::size_t(nss));
+      a.o_ss = dss.data<float>();
+    }
     cuda::kda_step(a);
     check(cudaDeviceSynchronize(), "kda step");
+    if (o_ss) {
+      auto part = down<float>(dss, std::size_t(nss));
+      o_ss->insert(o_ss->end(), part.begin(), part.end());
+    }
   }
   k.state = down<float>(ds, k.state.size());
   k.ring = down<float>(dring, k.ring.size());

@@ -23,8 +23,10 @@ struct HostMatrix {
 std::vector<float> embedding(HostMatrix const& table, std::vector<std::int32_t> const& tokens);
 
 // prologue: 0 plain, 1 rms norm (norm_w [cols]), 2 gated head norm (norm_w [head], gate [cols]), 3 head gate (gate [cols/head])
+// head_ss (prologue 2, optional): each head's Σ x² in ss_parts partials, as the KDA step writes them (KdaStepArgs::o_ss)
 std::vector<float> matvec(HostMatrix const& m, std::vector<float> const& x, int prologue, std::vector<float> const& norm_w,
-                          std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual);
+                          std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual,
+                          std::vector<float> const* head_ss = nullptr, int ss_parts = 0);
 
 // KDA: runs T decode steps from a given state; returns o (raw Sᵀq) [T, P]; state and ring updated in place.
 struct KdaHost {
@@ -34,9 +36,10 @@ struct KdaHost {
   std::vector<float> conv_w, a_log, dt_bias;  // [3P, kc], [H], [P]
   std::vector<float> state, ring;             // [H,K,V], [kc, 3P]
 };
+// o_ss (optional): the steps' partial Σ o² [T, H, ceil(head_dim / 16)] (KdaStepArgs::o_ss), poisoned before each step.
 std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T, std::vector<float> const& xq,
                              std::vector<float> const& xk, std::vector<float> const& xv, std::vector<float> const& f,
-                             std::vector<float> const& b);
+                             std::vector<float> const& b, std::vector<float>* o_ss = nullptr);
 
 // MLA: cache rows [0, pos) given (bf16 bits), one decode at position pos; returns O [H·dv] (gated),
 // the new cache row (as floats) and q̂ [H, r+dr].

@@ -9,6 +9,7 @@
 #include "ling/cpu/backend.hpp"
 #include "ling/cpu/kda.hpp"
 #include "ling/cpu/router.hpp"
+#include "ling/cuda/kda.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "test_util.hpp"
 
@@ -91,6 +92,13 @@ TEST_CASE("matvec in every format, fast and tail paths, with prologues and resid
         xd[h * head + i] = x[h * head + i] * inv * nw[i] / (1.0 + std::exp(-double(g[h * head + i])));
     }
     CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
+    // the same with each head's Σ x² given as the KDA step's partials (16 columns each): no reduction in the prologue
+    if (head % 64 == 0) {
+      int const parts = cuda::kda_ss_parts(int(head));
+      std::vector<float> ss(static_cast<std::size_t>(heads * parts), 0.f);
+      for (std::int64_t c = 0; c < cols; ++c) ss[std::size_t(c / cuda::kKdaSsCols)] += x[c] * x[c];
+      CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr, &ss, parts), ref_matvec(deq, rows, cols, xd)) < 1e-5);
+    }
   }
 }
 
@@ -117,7 +125,21 @@ void kda_case(int heads, int hd, bool safe, int T) {
   auto f = randn(std::size_t(T * P)), b = randn(std::size_t(T * heads)), g = randn(std::size_t(T * P));
   std::vector<float> ref(static_cast<std::size_t>(T * P));
   cpu::kda_forward_recurrent(cfg, w, st, T, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), ref.data());
-  auto o = kda_steps(kh, warm, T, q, k, v, f, b);
+  std::vector<float> o_ss;
+  auto o = kda_steps(kh, warm, T, q, k, v, f, b, &o_ss);
+  // the partial Σ o² per head and 16 columns (KdaStepArgs::o_ss) against the same sums of the step's own o
+  {
+    int const parts = cuda::kda_ss_parts(hd);
+    std::vector<double> want(static_cast<std::size_t>(T * heads * parts), 0.0);
+    for (std::int64_t t = 0; t < T; ++t)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < hd; ++i) {
+          double const x = o[std::size_t(t * P + h * hd + i)];
+          want[std::size_t((t * heads + h) * parts + i / cuda::kKdaSsCols)] += x * x;
+        }
+    REQUIRE(o_ss.size() == want.size());
+    CHECK(rel_l2(o_ss, want) < 1e-6);
+  }
   for (std::int64_t t = 0; t < T; ++t)
     for (int h = 0; h < heads; ++h) {
       float* oh = o.data() + t * P + h * hd;
@@ -142,6 +164,7 @@ TEST_CASE("fused KDA step matches cpu::kda_forward_recurrent") {
   SUBCASE("Ling shape: 4 heads of 128, safe gate") { kda_case(4, 128, true, 4); }
   SUBCASE("tails: 3 heads of 40, softplus gate") { kda_case(3, 40, false, 6); }
   SUBCASE("32 heads of 128, 2 tokens") { kda_case(32, 128, true, 2); }
+  SUBCASE("generic kernel: 2 heads of 42 (not a multiple of 4)") { kda_case(2, 42, true, 3); }
 }
 
 namespace {

@@ -117,7 +117,16 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
     }
     float d = beta * (vs[lane] - kv);
     delta[lane] = d;
-    if (vok) a.o[h * V + v] = qv + kq * d;
+    float const ov = qv + kq * d;
+    if (vok) a.o[h * V + v] = ov;
+    if (a.o_ss) {  // two partials of 16 columns per 32-column slice (KdaStepArgs::o_ss)
+      static_assert(kKdaCols == 2 * kKdaSsCols);
+      float ss = vok ? ov * ov : 0.f;
+#pragma unroll
+      for (int off = 1; off < kKdaSsCols; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      int const part = int(blockIdx.y) * 2 + (lane >> 4);
+      if ((lane & (kKdaSsCols - 1)) == 0 && part < kda_ss_parts(V)) a.o_ss[std::int64_t(h) * kda_ss_parts(V) + part] = ss;
+    }
   }
   __syncthreads();
   // Pass 2: S'' = S' + k δᵀ
@@ -285,6 +294,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   float dl[4];
 #pragma unroll
   for (int m = 0; m < 4; ++m) dl[m] = beta * (vs[4 * cg + m] - kv[m]);
+  float oss = 0.f;                      // Σ o² of this thread's 4 columns (KdaStepArgs::o_ss)
   if (tid < kKdaFastGroups && colok) {  // o = S'ᵀq̂ + (k̂·q̂) δ
     float qv[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -297,7 +307,17 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
     }
     float* o = a.o + std::int64_t(h) * V + vc;
 #pragma unroll
-    for (int m = 0; m < 4; ++m) o[m] = qv[m] + kq * dl[m];
+    for (int m = 0; m < 4; ++m) {
+      float const om = qv[m] + kq * dl[m];
+      o[m] = om;
+      oss = fmaf(om, om, oss);
+    }
+  }
+  static_assert(kKdaFastCols == kKdaSsCols && kKdaFastGroups <= 32, "one partial per slice, from lanes of warp 0");
+  if (a.o_ss && warp == 0) {  // the slice's partial: lanes 0 .. kKdaFastGroups - 1 hold its column groups
+#pragma unroll
+    for (int off = 1; off < kKdaFastGroups; off <<= 1) oss += __shfl_xor_sync(0xffffffffu, oss, off);
+    if (lane == 0) a.o_ss[std::int64_t(h) * gridDim.y + blockIdx.y] = oss;
   }
   // Pass 2: S'' = S' + k̂ δᵀ
 #pragma unroll

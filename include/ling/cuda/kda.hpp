@@ -12,6 +12,9 @@
 
 namespace ling::cuda {
 
+inline constexpr int kKdaSsCols = 16;  // columns per partial Σ o² (KdaStepArgs::o_ss)
+inline constexpr int kda_ss_parts(int head_dim) { return (head_dim + kKdaSsCols - 1) / kKdaSsCols; }
+
 struct KdaStepArgs {
   int heads = 0, head_dim = 0, conv_kernel = 4;
   bool safe_gate = true;
@@ -27,6 +30,9 @@ struct KdaStepArgs {
   float* ring = nullptr;          // [conv_kernel, 3P]
   float* state = nullptr;         // [H, K, V]
   float* o = nullptr;             // [P] o = Sᵀq per head (before the gated norm)
+  // [H, ceil(head_dim / kKdaSsCols)] or null: Σ o² over each head's columns [16 s, 16 s + 16), for the gated head norm
+  // of the next launch (o_proj's prologue reads these partials instead of reducing the head itself)
+  float* o_ss = nullptr;
   std::int32_t const* position = nullptr;  // device: the token's position t
   unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
 };

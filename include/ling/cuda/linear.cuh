@@ -166,13 +166,13 @@ __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
       int const c = 4 * (base + i * int(blockDim.x));
-      float const ss = warp_sum(fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, v[i].w * v[i].w))));
+      float const ss = s_hs ? warp_sum(fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, v[i].w * v[i].w)))) : 0.f;
       if (c < end) {
         float4 const w = ld_x4(p.norm_w, c & (p.head - 1), p.head);
         auto gate = [](float t) { return __frcp_rn(1.0f + expf(-t)); };  // = 1 / (1 + e^-t), correctly rounded
         *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * w.x * gate(g[i].x), v[i].y * w.y * gate(g[i].y),
                                                                v[i].z * w.z * gate(g[i].z), v[i].w * w.w * gate(g[i].w));
-        if ((threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c >> shift], ss);
+        if (s_hs && (threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c >> shift], ss);
       }
     }
   }
@@ -247,14 +247,29 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
       (p.head == 128 || p.head == 256) && nn % p.head == 0 && nn / p.head <= kMaxGatedHeads) {
     __shared__ float s_hs[kMaxGatedHeads];
     int const heads = nn / p.head;
-    for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = 0.f;
-    __syncthreads();
-    stage4_gated<2>(xs, s_hs, x, p, nn, end);
-    __syncthreads();
-    // each head's factor once (its division by the power-of-two head is a multiply), then one multiply per element:
-    // a division and an rsqrt per element made this prologue ~7 µs of o_proj's ~9 in place (trace, 2026-12-01)
     float const inv_head = 1.0f / float(p.head);
-    for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = rsqrtf(s_hs[h] * inv_head + p.eps) * kXPre;
+    // With the producer's partial sums (p.head_ss: the KDA step's, ss_parts per head, a power of two <= 32) each head's
+    // factor comes from them: thread t < heads · ss_parts loads partial t before the staging's own loads (one register
+    // held across it), then the ss_parts lanes of a head sum them by shuffles. No shared atomics, two block barriers
+    // fewer. Otherwise the staging gathers each head's Σ x² itself.
+    int const np = heads * p.ss_parts;
+    bool const given = p.head_ss && p.ss_parts >= 1 && p.ss_parts <= 32 && (p.ss_parts & (p.ss_parts - 1)) == 0 &&
+                       np <= int(blockDim.x);
+    if (given) {
+      int const t = int(threadIdx.x);
+      float part = t < np ? p.head_ss[t] : 0.f;
+      stage4_gated<2>(xs, nullptr, x, p, nn, end);
+      for (int o = 1; o < p.ss_parts; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);  // uniform trip count
+      if (t < np && (t & (p.ss_parts - 1)) == 0) s_hs[t / p.ss_parts] = rsqrtf(part * inv_head + p.eps) * kXPre;
+    } else {
+      for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = 0.f;
+      __syncthreads();
+      stage4_gated<2>(xs, s_hs, x, p, nn, end);
+      __syncthreads();
+      // each head's factor once (its division by the power-of-two head is a multiply), then one multiply per element:
+      // a division and an rsqrt per element made this prologue ~7 µs of o_proj's ~9 in place (trace, 2026-12-01)
+      for (int h = threadIdx.x; h < heads; h += blockDim.x) s_hs[h] = rsqrtf(s_hs[h] * inv_head + p.eps) * kXPre;
+    }
     __syncthreads();
     int const shift = p.head == 128 ? 7 : 8;
     for (int c = 4 * int(threadIdx.x); c < nn; c += 4 * int(blockDim.x)) {

@@ -262,6 +262,10 @@ struct InputPrologue {
   float const* gate = nullptr;    // kGatedHeadNorm: [cols]
   int head = 0;                   // kGatedHeadNorm: elements per head (divides cols)
   float eps = 1e-6f;
+  // kGatedHeadNorm, optional: each head's Σ x² in ss_parts partials (head_ss[h · ss_parts + s], written by the launch
+  // that produced x: the KDA step's KdaStepArgs::o_ss). With them the fused staging needs no reduction of its own.
+  float const* head_ss = nullptr;
+  int ss_parts = 0;
   // kFusedWeights: aligned inputs load the norm weights (and the gate) with x, one round trip (linear.cuh
   // stage_input); kPrefetchWeights: the launch asks the L2 for the norm weights before its PDL wait. Both by default;
   // the model's LING_PROLOGUE=<bits> sets them for A/B measurements.

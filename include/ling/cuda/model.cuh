@@ -479,6 +479,7 @@ class CudaModel {
     x_ = scratch<float>(D);
     xq_ = scratch<float>(P), xk_ = scratch<float>(P), xv_ = scratch<float>(P), xf_ = scratch<float>(P), xg_ = scratch<float>(P);
     xb_ = scratch<float>(H), o_ = scratch<float>(P);
+    o_ss_ = scratch<float>(H * kda_ss_parts(int(c.head_dim)));
     mq_ = scratch<float>(Hm * c.qk_head_dim());
     mqa_ = scratch<float>(c.q_lora_rank ? *c.q_lora_rank : 1);
     mkv_ = scratch<float>(L);
@@ -549,6 +550,16 @@ class CudaModel {
     return f;
   }
 
+  // LING_KDA_SS=0: o_proj's gated head norm reduces each head itself instead of reading the KDA step's partial sums
+  // (the A/B switch of KdaStepArgs::o_ss).
+  static bool kda_ss_on() {
+    static bool const on = [] {
+      char const* e = std::getenv("LING_KDA_SS");
+      return !(e && *e == '0');
+    }();
+    return on;
+  }
+
   // LING_SKIP=a,b,...: leave those launches out of the step (in-place cost of each part of the step, for
   // measurements only; the outputs are then meaningless): kproj, kstep, oproj, mla (a gated-MLA layer's attention
   // launches), router, moea (MoE launch A), moeb (launch B), head.
@@ -594,11 +605,13 @@ class CudaModel {
         ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
         ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
         ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
+        ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
         ops::PrologueArgs po{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)};
         po.flags = prologue_flags();
+        if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(int(c.head_dim));
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
@@ -714,6 +727,7 @@ class CudaModel {
   float* final_norm_ = nullptr;
   std::vector<Layer> layers_;
   float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
+  float* o_ss_ = nullptr;  // the KDA step's partial Σ o² per head (KdaStepArgs::o_ss) for o_proj's gated head norm
   float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
   float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
   float* logits_alt_ = nullptr;
