@@ -73,8 +73,8 @@ __device__ __forceinline__ void router_write_picks(RouteSel const& a, float cons
   }
 }
 
-// The top-k of the selection by one warp, from the block's shared score arrays (s_sel: biased, dropped groups at
-// -inf; s_score: unbiased). Lane k writes pick k and its weight. The shapes outside the two-stage path take this one:
+// The top-k of the selection by one warp, from the block's biased scores (s_sel, dropped groups at -inf): lane k
+// returns pick k (router_write_picks writes them). The shapes outside the two-stage path take this one:
 // each round every lane scans its experts (l, l + 32, ...) in shared memory, skipping the ones it already gave away
 // (a bit per expert in a register), and one warp max picks the winner. A loop, not register arrays unrolled per
 // expert count: MoE launch A inlines the selection in every block, and its code size is what the launch waits on
@@ -107,8 +107,8 @@ __device__ __forceinline__ int router_topk_warp(RouteSel const& a, float const* 
   return chosen;
 }
 
-// Two-stage top-k of the grouped selection, stage 2 (one warp): lane l holds candidate key l (0: none) of the
-// kept groups' own top-k lists; the top_k rounds are one warp max each.
+// Two-stage top-k of the grouped selection, stage 2 (one warp; lane k returns pick k): lane l holds candidate key l
+// (0: none) of the kept groups' own top-k lists; the top_k rounds are one warp max each.
 __device__ __forceinline__ int router_topk_merge(RouteSel const& a, unsigned long long key) {
   int const lane = threadIdx.x & 31;
   int chosen = 0;
