@@ -1176,8 +1176,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const sncb = a.has_shared ? int((a.sdown.cols + 127) >> 7) : 0;
   std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(srb) : 0);
   int const bps = C, nblk = top_k * bps;
-  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
-  float* const sx = reinterpret_cast<float*>(q + stream_q_slots(nblk, a.route));
+  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
+  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;
