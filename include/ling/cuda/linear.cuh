@@ -178,16 +178,17 @@ __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const
   }
 }
 
+__device__ __forceinline__ bool is_aligned16(void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; }
+
 // stage_input's other cases (unaligned inputs, prologues without fused weights), out of line: every launch inlines
 // stage_input, and what it inlines is code its warps fetch right after their PDL wait (ncu of MoE launch A: instruction
 // fetch was its largest stall). red: 32 floats of shared memory.
 inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                                      InputPrologue const& p, float* red) {
   int const end = int(round32(n_stage)), nn = int(n);
-  auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
   float const pre = p.kind == PrologueKind::kPlain ? kXPre : 1.f;
   float ss = 0.f;
-  if (aligned(x)) {  // four elements per load (the usual case)
+  if (is_aligned16(x)) {  // four elements per load (the usual case)
     ss = stage4<4>(xs, x, nn, end, pre);
   } else {
     for (int base = threadIdx.x; base < end; base += blockDim.x * kStageBatch) {
@@ -232,9 +233,8 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
                                             InputPrologue const& p) {
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
-  auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
   bool const fused = p.flags & InputPrologue::kFusedWeights;
-  if (fused && p.kind == PrologueKind::kRmsNorm && aligned(x) && aligned(p.norm_w)) {
+  if (fused && p.kind == PrologueKind::kRmsNorm && is_aligned16(x) && is_aligned16(p.norm_w)) {
     // pairs of 2 per thread: the registers of the plain batch of 4 (a batch of 3 made the pipelined matvec spill the
     // row it loads before its PDL wait, measured 2026-11-30)
     float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
@@ -243,7 +243,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
     return;
   }
-  if (fused && p.kind == PrologueKind::kGatedHeadNorm && aligned(x) && aligned(p.gate) && aligned(p.norm_w) &&
+  if (fused && p.kind == PrologueKind::kGatedHeadNorm && is_aligned16(x) && is_aligned16(p.gate) && is_aligned16(p.norm_w) &&
       (p.head == 128 || p.head == 256) && nn % p.head == 0 && nn / p.head <= kMaxGatedHeads) {
     __shared__ float s_hs[kMaxGatedHeads];
     int const heads = nn / p.head;
@@ -280,7 +280,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     }
     return;
   }
-  if (p.kind == PrologueKind::kPlain && aligned(x)) {  // four elements per load (the usual plain case)
+  if (p.kind == PrologueKind::kPlain && is_aligned16(x)) {  // four elements per load (the usual plain case)
     stage4<4>(xs, x, nn, end, kXPre);
     return;
   }
