@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "ling/cpu/linear.hpp"
@@ -114,6 +115,49 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
     check_multi<P>(cols, {5, 130, 1, 33}, randn(static_cast<std::size_t>(cols)), [](auto ws, float const* x, float* y) {
       return cuda::launch_matvec_multi(ws, x, y, nullptr);
     });
+  }
+}
+
+// Block FP8 runs matvec_lane_kernel by default (LING_MATVEC_LANE=0: matvec_pipe_kernel). Both sum the same products in
+// the same order, so their outputs must be the same bits: rows of exactly 32 kU chunks (1024, 2560, 4096 columns: no
+// predicates) and ragged ones (1000, 2000, 3000: kU = 2, 5, 8 with predicated lanes), several matrices per launch
+// (the lane kernel's matrix index only moves forward), each output poisoned before its run.
+TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits and matches the CPU") {
+  LING_REQUIRE_GPU();
+  using P = quant::Fp8Block;
+  for (std::int64_t cols : {1024, 1000, 2560, 2000, 4096, 3000}) {
+    CAPTURE(cols);
+    std::vector<std::int64_t> const rows = {5, 300, 1, 129};
+    std::vector<HostMatrix<P>> hm;
+    std::vector<cuda::DeviceMatrix<P>> dm;
+    std::int64_t total = 0;
+    for (auto r : rows) {
+      hm.push_back(random_matrix<P>(r, cols, 0.05f));
+      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
+      total += r;
+    }
+    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
+    for (auto& d : dm) ptrs.push_back(&d);
+    auto const x = randn(static_cast<std::size_t>(cols));
+    DeviceVec dx(x);
+    std::vector<float> out[2];
+    for (int lane = 0; lane < 2; ++lane) {
+      setenv("LING_MATVEC_LANE", lane ? "1" : "0", 1);
+      DeviceVec dy(static_cast<std::size_t>(total));
+      REQUIRE(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(), nullptr) ==
+              cudaSuccess);
+      device_sync();
+      out[lane] = dy.get();
+    }
+    unsetenv("LING_MATVEC_LANE");
+    std::vector<double> ref;
+    for (auto& m : hm) {
+      auto part = cpu_matvec(m, x);
+      ref.insert(ref.end(), part.begin(), part.end());
+    }
+    CHECK(rel_l2(out[1], ref) < 1e-5);
+    REQUIRE(out[0].size() == out[1].size());
+    CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
   }
 }
 

@@ -899,6 +899,99 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
   trace_end(a.trace);
 }
 
+// ---- the one-row block-FP8 matvec with lane-fixed chunks (default for block FP8 since session 9) -------------------
+// ncu of the model's KDA projections on matvec_pipe_kernel (H200, 2026-12-02): 536 SASS instructions per row of 2560
+// columns, of which the dot itself is ~230. The rest: per chunk a predicate and a branch, x's shared-memory address
+// rebuilt, a block-scale load behind 64-bit index arithmetic; per row the matrix lookup from the parameter space from
+// matrix 0 on and a 30-register copy of the next row's loads. Here lane l owns chunks l + 32u of every row it reads (as
+// MoE launch B's lane kernel does): x's address is one base plus immediates (xpad(16 (l + 32u)) = xpad(16 l) + 576u),
+// the block scales one pointer per row plus immediates (chunk j's scale column is j / 8 = l / 8 + 4u), no predicates
+// when a row is exactly 32 kU chunks (kFull: Ling's 2560 and 4096 columns), the matrix index only moves forward, and
+// two register sets alternate (no copies). The same sums in the same order as matvec_pipe_kernel: bit-identical.
+template <int kU>
+struct LaneRow {
+  uint4 v[kU];
+  float sc[kU];
+};
+template <int kU, bool kFull>
+__device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& m, std::int64_t r, int lane, int nchunks) {
+  char const* const rowp = static_cast<char const*>(m.data) + r * m.ld + 16 * lane;  // block FP8: 1-byte storage
+  float const* const sp = static_cast<float const*>(m.scales) + (r >> 7) * ((m.cols + 127) >> 7) + (lane >> 3);
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    bool const ok = kFull || lane + 32 * u < nchunks;
+    L.v[u] = ok ? ld_stream(rowp + 512 * u) : make_uint4(0, 0, 0, 0);
+    L.sc[u] = ok ? __ldg(sp + 4 * u) : 0.f;
+  }
+}
+
+template <class K, int kU, int kMinBlocks, bool kFull>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
+                                                                         InputPrologue pro) {
+  using P = policy_of<K>;
+  static_assert(std::is_same_v<P, quant::Fp8Block>, "lane-fixed chunks: block FP8 rows (16 columns per chunk)");
+  extern __shared__ float4 smem_f4[];
+  float* xs = reinterpret_cast<float*>(smem_f4);
+  int const lane = int(threadIdx.x & 31);
+  std::int64_t const stride = std::int64_t(gridDim.x) * kWarps;
+  std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  std::int64_t const total = a.task_begin[a.count];
+  int const nchunks = int(a.m[0].ld / 16);  // every matrix has this ld (the launcher checks)
+  pdl_trigger();
+  trace_mark(a.trace, 0);
+  // the first row's loads go out before the PDL wait (into registers), the second row's into L2
+  LaneRow<kU> r0, r1;
+  int ci = 0;  // matrix of task t; tasks only grow, so it only moves forward
+  if (t < total) {
+    while (t >= a.task_begin[ci + 1]) ++ci;
+    lane_row_load<kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
+  }
+  prefetch_task<P, 1>(a, t + stride);
+  prologue_prefetch(pro, a.m[0].cols);
+  pdl_wait();
+  trace_mark(a.trace, 1);
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
+  __syncthreads();
+  trace_mark(a.trace, 2);
+  float const* const xl = xs + xpad(16 * lane);
+  float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
+  auto load = [&](std::int64_t tn, int& i, LaneRow<kU>& L) {
+    while (tn >= a.task_begin[i + 1]) ++i;
+    lane_row_load<kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
+  };
+  auto finish = [&](std::int64_t tt, int i, LaneRow<kU> const& L) {
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (kFull || lane + 32 * u < nchunks) {
+        uint4 const vv[1] = {L.v[u]};
+        float d[1];
+        FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
+        acc = fmaf(L.sc[u], d[0], acc);
+      }
+    }
+    float v = warp_sum(acc) * post;
+    std::int64_t const r = tt - a.task_begin[i];
+    if (float const* res = a.residual[i]) v += res[r];
+    if (lane == 0) a.out[i][r] = v;
+  };
+  int ni = ci;
+  while (t < total) {  // two register sets in turn: r0 holds task t, r1 takes task t + stride
+    std::int64_t tn = t + stride;
+    if (tn < total) load(tn, ni, r1);
+    finish(t, ci, r0);
+    ci = ni;
+    t = tn;
+    if (t >= total) break;
+    tn = t + stride;
+    if (tn < total) load(tn, ni, r0);
+    finish(t, ci, r1);
+    ci = ni;
+    t = tn;
+  }
+  trace_end(a.trace);
+}
+
 // ---- matvec with its weights preloaded into shared memory before the PDL wait ---------------------------------
 // Every launch of the step starts reading its weights only when its blocks become resident, and they become resident
 // only as the previous launch's blocks leave (each launch fills the register file): a step of dependent launches then
@@ -1226,6 +1319,12 @@ inline cudaError_t persistent_grid(Kernel k, std::size_t smem, std::int64_t work
 inline int pipe_unroll(std::int64_t nchunks) {
   return nchunks <= 64 ? 2 : nchunks <= 160 ? 5 : nchunks <= 256 ? 8 : 0;
 }
+// LING_MATVEC_LANE=0: block FP8 on matvec_pipe_kernel instead of matvec_lane_kernel (A/B; the outputs are the
+// same bits); read at each launch.
+inline bool matvec_lane_enabled() {
+  char const* e = std::getenv("LING_MATVEC_LANE");
+  return !(e && *e == '0');
+}
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
   using P = policy_of<K>;
@@ -1237,6 +1336,14 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (e != cudaSuccess) return e;
     return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
   };
+  if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+    if (matvec_lane_enabled()) {
+      bool const full = a.m[0].ld == std::int64_t(512) * ku;  // rows of exactly 32 ku chunks: no predicates
+      if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true>) : go(matvec_lane_kernel<K, 2, 3, false>);
+      if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true>) : go(matvec_lane_kernel<K, 5, 3, false>);
+      return full ? go(matvec_lane_kernel<K, 8, 2, true>) : go(matvec_lane_kernel<K, 8, 2, false>);
+    }
+  }
   if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>);
   if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>);
   return go(matvec_pipe_kernel<K, 8, 2>);  // two buffers of 8 chunks need the 128-register budget
