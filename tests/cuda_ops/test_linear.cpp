@@ -82,29 +82,45 @@ TEST_CASE_TEMPLATE("matvec matches the CPU linear (tails, poisoned outputs)", P,
   }
 }
 
+// Random matrices of `rows` x cols (host and device) for one multi-matvec launch, and the CPU reference.
+template <class P>
+struct MultiSet {
+  std::vector<HostMatrix<P>> hm;
+  std::vector<cuda::DeviceMatrix<P>> dm;
+  std::vector<cuda::DeviceMatrix<P> const*> ptrs;
+  std::int64_t total = 0;
+  MultiSet(std::int64_t cols, std::vector<std::int64_t> const& rows) {
+    for (auto r : rows) {
+      hm.push_back(random_matrix<P>(r, cols, 0.05f));
+      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
+      total += r;
+    }
+    for (auto& d : dm) ptrs.push_back(&d);
+  }
+  // The outputs of `launch` (a multi-matvec launcher) on x, each poisoned before the run.
+  template <class Launch>
+  std::vector<float> run(std::vector<float> const& x, Launch launch) const {
+    DeviceVec dx(x), dy(static_cast<std::size_t>(total));
+    REQUIRE(launch(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data()) == cudaSuccess);
+    device_sync();
+    return dy.get();
+  }
+  std::vector<double> ref(std::vector<float> const& x) const {
+    std::vector<double> r;
+    for (auto& m : hm) {
+      auto part = cpu_matvec(m, x);
+      r.insert(r.end(), part.begin(), part.end());
+    }
+    return r;
+  }
+};
+
 // Matrices of `rows` x cols sharing one input through `launch` (a multi-matvec launcher), against the CPU.
 template <class P, class Launch>
 void check_multi(std::int64_t cols, std::vector<std::int64_t> const& rows, std::vector<float> const& x, Launch launch) {
   CAPTURE(cols);
-  std::vector<HostMatrix<P>> hm;
-  std::vector<cuda::DeviceMatrix<P>> dm;
-  std::int64_t total = 0;
-  for (auto r : rows) {
-    hm.push_back(random_matrix<P>(r, cols, 0.05f));
-    dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
-    total += r;
-  }
-  std::vector<cuda::DeviceMatrix<P> const*> ptrs;
-  for (auto& d : dm) ptrs.push_back(&d);
-  DeviceVec dx(x), dy(static_cast<std::size_t>(total));
-  REQUIRE(launch(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data()) == cudaSuccess);
-  device_sync();
-  std::vector<double> ref;
-  for (auto& m : hm) {
-    auto part = cpu_matvec(m, x);
-    ref.insert(ref.end(), part.begin(), part.end());
-  }
-  CHECK(rel_l2(dy.get(), ref) < 1e-5);
+  MultiSet<P> set(cols, rows);
+  CHECK(rel_l2(set.run(x, launch), set.ref(x)) < 1e-5);
 }
 
 TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outputs concatenated", P, quant::Fp8Block,
@@ -124,38 +140,17 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
 // (the lane kernel's matrix index only moves forward), each output poisoned before its run.
 TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits and matches the CPU") {
   LING_REQUIRE_GPU();
-  using P = quant::Fp8Block;
   for (std::int64_t cols : {1024, 1000, 2560, 2000, 4096, 3000}) {
     CAPTURE(cols);
-    std::vector<std::int64_t> const rows = {5, 300, 1, 129};
-    std::vector<HostMatrix<P>> hm;
-    std::vector<cuda::DeviceMatrix<P>> dm;
-    std::int64_t total = 0;
-    for (auto r : rows) {
-      hm.push_back(random_matrix<P>(r, cols, 0.05f));
-      dm.push_back(cuda::DeviceMatrix<P>::upload(hm.back().view()));
-      total += r;
-    }
-    std::vector<cuda::DeviceMatrix<P> const*> ptrs;
-    for (auto& d : dm) ptrs.push_back(&d);
+    MultiSet<quant::Fp8Block> set(cols, {5, 300, 1, 129});
     auto const x = randn(static_cast<std::size_t>(cols));
-    DeviceVec dx(x);
     std::vector<float> out[2];
     for (int lane = 0; lane < 2; ++lane) {
       setenv("LING_MATVEC_LANE", lane ? "1" : "0", 1);
-      DeviceVec dy(static_cast<std::size_t>(total));
-      REQUIRE(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<P> const* const>(ptrs), dx.data(), dy.data(), nullptr) ==
-              cudaSuccess);
-      device_sync();
-      out[lane] = dy.get();
+      out[lane] = set.run(x, [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); });
     }
     unsetenv("LING_MATVEC_LANE");
-    std::vector<double> ref;
-    for (auto& m : hm) {
-      auto part = cpu_matvec(m, x);
-      ref.insert(ref.end(), part.begin(), part.end());
-    }
-    CHECK(rel_l2(out[1], ref) < 1e-5);
+    CHECK(rel_l2(out[1], set.ref(x)) < 1e-5);
     REQUIRE(out[0].size() == out[1].size());
     CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
   }

@@ -850,6 +850,20 @@ __device__ __forceinline__ float row_math(RowLoad<P, kU> const& L, MatrixArgs co
   return acc;
 }
 
+// The one-row kernels' prologue once the first row's loads are out: task t_next's rows into L2, the prologue's weights
+// into L2, the PDL wait, the input staged (block-synchronized).
+template <class P>
+__device__ __forceinline__ void pipe_prologue(MultiArgs const& a, float const* __restrict__ x, InputPrologue const& pro,
+                                              float* xs, std::int64_t t_next) {
+  prefetch_task<P, 1>(a, t_next);
+  prologue_prefetch(pro, a.m[0].cols);
+  pdl_wait();
+  trace_mark(a.trace, 1);
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
+  __syncthreads();
+  trace_mark(a.trace, 2);
+}
+
 template <class K, int kU, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro) {
@@ -871,13 +885,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
     cr = t - a.task_begin[ci];
     row_load(cur, a.m[ci], cr);
   }
-  prefetch_task<P, 1>(a, t + stride);
-  prologue_prefetch(pro, a.m[0].cols);
-  pdl_wait();
-  trace_mark(a.trace, 1);
-  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
-  __syncthreads();
-  trace_mark(a.trace, 2);
+  pipe_prologue<P>(a, x, pro, xs, t + stride);
   int const lane = threadIdx.x & 31;
   for (; t < total; t += stride) {
     std::int64_t const tn = t + stride;
@@ -946,13 +954,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  prefetch_task<P, 1>(a, t + stride);
-  prologue_prefetch(pro, a.m[0].cols);
-  pdl_wait();
-  trace_mark(a.trace, 1);
-  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
-  __syncthreads();
-  trace_mark(a.trace, 2);
+  pipe_prologue<P>(a, x, pro, xs, t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
   auto load = [&](std::int64_t tn, int& i, LaneRow<kU>& L) {
