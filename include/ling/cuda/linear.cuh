@@ -933,7 +933,52 @@ __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& 
   }
 }
 
-template <class K, int kU, int kMinBlocks, bool kFull>
+// f16 partial sums (opt-in, kH16; LING_FP8_DOT=f16): written in session 9, not yet run on a GPU. The dot above costs
+// ~3 instructions per weight (F2FP to f16 pairs, HADD2.F32 to floats, FFMA). Here each block stages x once more as f16,
+// every 128-column block scaled by a power of two so that |x| < 1 (stage_h16), and a chunk's 16 products are summed in
+// one f16 pair by HFMA2 (8 per half: at most 8 · 448 < 65504, E4M3's largest magnitude being 448), then widened once:
+// ~1.7 instructions per weight. Rounding: each f16 sum step ~2^-11 relative, so the result differs from the fp32 path
+// by ~1e-3 relative (not bit-identical; the tests allow 4e-3). Layout of the f16 copy: chunk j = l + 32u (16 columns)
+// has its two 8-column halves h at bytes (2u + h) · 512 + 16 l, so a lane reads its chunk with two conflict-free
+// 16-byte loads at immediate offsets; the block scales follow (4 kU floats).
+__host__ __device__ constexpr std::size_t h16_bytes(int ku) { return std::size_t(ku) * 1024 + std::size_t(ku) * 16; }
+__device__ __forceinline__ void stage_h16(unsigned char* xh, float* sxh, float const* xs, int nchunks) {
+  int const nb = (nchunks + 7) >> 3, lane = int(threadIdx.x & 31);
+  for (int b = int(threadIdx.x >> 5); b < nb; b += kWarps) {  // one warp per 128-column block, a lane per 4 columns
+    int const c = 128 * b + 4 * lane, j = c >> 4, k = c & 15;
+    bool const ok = j < nchunks;
+    float4 const v = ok ? *reinterpret_cast<float4 const*>(xs + xpad(c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    unsigned const m = __reduce_max_sync(0xffffffffu, max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
+                                                          max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w)))));
+    // amax in [2^(E-127), 2^(E-126)): times 2^(126-E) it lies in [0.5, 1); NaN or Inf makes the block's scale NaN
+    unsigned const E = m >> 23;
+    float const sc = __uint_as_float((E == 0 ? 253u : E > 252u ? 1u : 253u - E) << 23);
+    if (ok) {
+      __half2 const p0 = __floats2half2_rn(v.x * sc, v.y * sc), p1 = __floats2half2_rn(v.z * sc, v.w * sc);
+      uint2 const w = make_uint2(*reinterpret_cast<unsigned const*>(&p0), *reinterpret_cast<unsigned const*>(&p1));
+      *reinterpret_cast<uint2*>(xh + (2 * (j >> 5) + (k >> 3)) * 512 + (j & 31) * 16 + (k & 7) * 2) = w;
+    }
+    if (lane == 0) sxh[b] = m >= 0x7F800000u ? __uint_as_float(0x7FC00000u) : __uint_as_float((E == 0 ? 1u : E > 252u ? 253u : E + 1u) << 23);  // 1 / sc
+  }
+}
+// Σ of one chunk's 16 products from the f16 copy: xa, xb the chunk's two halves of x.
+__device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, uint4 const& xb) {
+  __half2 acc = __float2half2_rn(0.f);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // word i: elements 4i..4i+3 against x words 2(i & 1), 2(i & 1) + 1 of half i / 2
+    std::uint32_t const u = word(w, i);
+    __half2_raw const lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u & 0xFFFFu), __NV_E4M3);
+    __half2_raw const hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u >> 16), __NV_E4M3);
+    uint4 const& xq = i < 2 ? xa : xb;
+    std::uint32_t const x0 = word(xq, 2 * (i & 1)), x1 = word(xq, 2 * (i & 1) + 1);
+    acc = __hfma2(__half2(lo), *reinterpret_cast<__half2 const*>(&x0), acc);
+    acc = __hfma2(__half2(hi), *reinterpret_cast<__half2 const*>(&x1), acc);
+  }
+  float2 const f = __half22float2(acc);
+  return f.x + f.y;
+}
+
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro) {
   using P = policy_of<K>;
@@ -957,6 +1002,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
   pipe_prologue<P>(a, x, pro, xs, t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
+  [[maybe_unused]] uint4 const* xh4 = nullptr;
+  [[maybe_unused]] float xsc[kU];
+  if constexpr (kH16) {
+    auto* const xh = reinterpret_cast<unsigned char*>(xs + xs_floats(staged_elems<P>(a.m[0])));
+    auto* const sxh = reinterpret_cast<float*>(xh + kU * 1024);
+    stage_h16(xh, sxh, xs, nchunks);
+    __syncthreads();
+    xh4 = reinterpret_cast<uint4 const*>(xh) + lane;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) xsc[u] = kFull || lane + 32 * u < nchunks ? sxh[(lane >> 3) + 4 * u] : 0.f;
+  }
   auto load = [&](std::int64_t tn, int& i, LaneRow<kU>& L) {
     while (tn >= a.task_begin[i + 1]) ++i;
     lane_row_load<kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
@@ -966,10 +1022,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (kFull || lane + 32 * u < nchunks) {
-        uint4 const vv[1] = {L.v[u]};
-        float d[1];
-        FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
-        acc = fmaf(L.sc[u], d[0], acc);
+        if constexpr (kH16) {
+          acc = fmaf(L.sc[u] * xsc[u], fp8_chunk_h16(L.v[u], xh4[64 * u], xh4[64 * u + 32]), acc);
+        } else {
+          uint4 const vv[1] = {L.v[u]};
+          float d[1];
+          FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
+          acc = fmaf(L.sc[u], d[0], acc);
+        }
       }
     }
     float v = warp_sum(acc) * post;
@@ -1327,6 +1387,11 @@ inline bool matvec_lane_enabled() {
   char const* e = std::getenv("LING_MATVEC_LANE");
   return !(e && *e == '0');
 }
+// LING_FP8_DOT=f16: block FP8 on matvec_lane_kernel's f16 partial sums (opt-in, not yet measured); read at each launch.
+inline bool matvec_fp8_h16() {
+  char const* e = std::getenv("LING_FP8_DOT");
+  return e && e[0] == 'f' && e[1] == '1' && e[2] == '6';
+}
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
   using P = policy_of<K>;
@@ -1339,6 +1404,19 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+    if (matvec_lane_enabled() && matvec_fp8_h16()) {  // opt-in, see stage_h16
+      bool const full = a.m[0].ld == std::int64_t(512) * ku;
+      std::size_t const smem_h = smem + h16_bytes(ku);
+      auto go_h = [&](auto kernel) {
+        int blocks = 0;
+        cudaError_t e = persistent_grid(kernel, smem_h, (total + kWarps - 1) / kWarps, blocks);
+        if (e != cudaSuccess) return e;
+        return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem_h, stream, a, x, pro);
+      };
+      if (ku == 2) return full ? go_h(matvec_lane_kernel<K, 2, 3, true, true>) : go_h(matvec_lane_kernel<K, 2, 3, false, true>);
+      if (ku == 5) return full ? go_h(matvec_lane_kernel<K, 5, 3, true, true>) : go_h(matvec_lane_kernel<K, 5, 3, false, true>);
+      return full ? go_h(matvec_lane_kernel<K, 8, 2, true, true>) : go_h(matvec_lane_kernel<K, 8, 2, false, true>);
+    }
     if (matvec_lane_enabled()) {
       bool const full = a.m[0].ld == std::int64_t(512) * ku;  // rows of exactly 32 ku chunks: no predicates
       if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true>) : go(matvec_lane_kernel<K, 2, 3, false>);
