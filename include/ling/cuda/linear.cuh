@@ -17,6 +17,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "ling/cuda/async_copy.cuh"
@@ -1390,43 +1391,36 @@ inline bool matvec_lane_enabled() {
 // LING_FP8_DOT=f16: block FP8 on matvec_lane_kernel's f16 partial sums (opt-in, not yet measured); read at each launch.
 inline bool matvec_fp8_h16() {
   char const* e = std::getenv("LING_FP8_DOT");
-  return e && e[0] == 'f' && e[1] == '1' && e[2] == '6';
+  return e && std::strcmp(e, "f16") == 0;
 }
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
   using P = policy_of<K>;
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
   std::int64_t const total = a.task_begin[a.count];
-  auto go = [&](auto kernel) {
+  auto go = [&](auto kernel, std::size_t bytes) {
     int blocks = 0;
-    cudaError_t e = persistent_grid(kernel, smem, (total + kWarps - 1) / kWarps, blocks);
+    cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
     if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro);
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro);
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block>) {
-    if (matvec_lane_enabled() && matvec_fp8_h16()) {  // opt-in, see stage_h16
-      bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      std::size_t const smem_h = smem + h16_bytes(ku);
-      auto go_h = [&](auto kernel) {
-        int blocks = 0;
-        cudaError_t e = persistent_grid(kernel, smem_h, (total + kWarps - 1) / kWarps, blocks);
-        if (e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem_h, stream, a, x, pro);
-      };
-      if (ku == 2) return full ? go_h(matvec_lane_kernel<K, 2, 3, true, true>) : go_h(matvec_lane_kernel<K, 2, 3, false, true>);
-      if (ku == 5) return full ? go_h(matvec_lane_kernel<K, 5, 3, true, true>) : go_h(matvec_lane_kernel<K, 5, 3, false, true>);
-      return full ? go_h(matvec_lane_kernel<K, 8, 2, true, true>) : go_h(matvec_lane_kernel<K, 8, 2, false, true>);
-    }
     if (matvec_lane_enabled()) {
-      bool const full = a.m[0].ld == std::int64_t(512) * ku;  // rows of exactly 32 ku chunks: no predicates
-      if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true>) : go(matvec_lane_kernel<K, 2, 3, false>);
-      if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true>) : go(matvec_lane_kernel<K, 5, 3, false>);
-      return full ? go(matvec_lane_kernel<K, 8, 2, true>) : go(matvec_lane_kernel<K, 8, 2, false>);
+      // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
+      bool const full = a.m[0].ld == std::int64_t(512) * ku;
+      auto lane = [&](auto h16) {
+        constexpr bool kH = decltype(h16)::value;
+        std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
+        if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes);
+        if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes);
+        return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes);
+      };
+      return matvec_fp8_h16() ? lane(std::true_type{}) : lane(std::false_type{});
     }
   }
-  if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>);
-  if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>);
-  return go(matvec_pipe_kernel<K, 8, 2>);  // two buffers of 8 chunks need the 128-register budget
+  if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
+  if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
+  return go(matvec_pipe_kernel<K, 8, 2>, smem);  // two buffers of 8 chunks need the 128-register budget
 }
 // LING_MATVEC_PIPE=0 turns the pipelined kernel off (A/B measurements); read at each launch.
 inline bool matvec_pipe_enabled() {
