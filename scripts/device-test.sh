@@ -84,10 +84,9 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0: the FP8 matvec before session 9's lane kernel, and session 9's opt-ins not yet measured (f16
-    # partial sums in the FP8 matvec, launch B's rows prefetched by launch A, both); LING_MOE_VARIANTS overrides:
-    # variants are separated by spaces, the settings of one variant by commas
-    for v in ${LING_MOE_VARIANTS:-LING_MATVEC_LANE=0 LING_FP8_DOT=f16 LING_MOE_B_PREFETCH=1 LING_FP8_DOT=f16,LING_MOE_B_PREFETCH=1}; do
+    # A/B at context 0: session 10's router rows in MoE launch A against the router's own launch; LING_MOE_VARIANTS
+    # overrides: variants are separated by spaces, the settings of one variant by commas
+    for v in ${LING_MOE_VARIANTS:-LING_ROUTER_IN_A=0}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

@@ -182,6 +182,40 @@ TEST_CASE("CUDA decode is deterministic: graph replay and eager launches give bi
   }
 }
 
+// The router's rows inside MoE launch A (CudaModelOptions::router_in_moe, the default: a grid barrier between the
+// logits and the selection) against the router's own launch: the same sums in the same order, so bit-identical
+// logits at every step. ling-a-fp4 runs the streamed launch A (the barrier path, on fewer blocks than SMs);
+// ling-a-fp8 and ling-a-bf16 the register kernels, which hand the rows back to a router launch.
+TEST_CASE("router rows inside MoE launch A give the router launch's logits bit for bit") {
+  if (!ling::cuda::device_available()) return;
+  for (char const* n : {"ling-a-fp4", "ling-a-fp8", "ling-a-bf16"}) {
+    CAPTURE(n);
+    std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
+    auto in_a = ling::cuda::CudaSession::open(dir, {4096, false, true, true});
+    auto own = ling::cuda::CudaSession::open(dir, {4096, false, true, false});
+    std::mt19937 rng{77};
+    std::uniform_int_distribution<int> tok(0, int(in_a.vocab_size()) - 1);
+    std::vector<std::int32_t> prompt(9);
+    for (auto& t : prompt) t = tok(rng);
+    auto la = in_a.prefill(prompt);
+    std::vector<float> a(la.begin(), la.end());
+    auto lo = own.prefill(prompt);
+    std::vector<float> b(lo.begin(), lo.end());
+    int differing = 0, nan = 0;
+    for (int s = 0; s < 16; ++s) {
+      if (a != b) ++differing;
+      for (float v : a) nan += std::isnan(v) ? 1 : 0;
+      auto next = std::int32_t(std::max_element(a.begin(), a.end()) - a.begin());
+      auto da = in_a.decode(next);
+      a.assign(da.begin(), da.end());
+      auto db = own.decode(next);
+      b.assign(db.begin(), db.end());
+    }
+    CHECK(differing == 0);
+    CHECK(nan == 0);
+  }
+}
+
 // Low-rank KDA f/g (ling-b, Kimi-Linear) is not in the CUDA model yet: it must refuse clearly, naming the key.
 TEST_CASE("CUDA model refuses what it does not implement, naming the config key") {
   if (!ling::cuda::device_available()) return;

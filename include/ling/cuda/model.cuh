@@ -508,6 +508,7 @@ class CudaModel {
     }
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
+    grid_bar_ = scratch<unsigned long long>(1);
     head_counter_ = scratch<unsigned>(1);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
@@ -645,8 +646,14 @@ class CudaModel {
         ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
                              c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
         bool const fused = !f.mma && ops::fused_router_enabled();
+        // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
+        bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() && f.router.format == MatFormat::kBf16 &&
+                          ops::fast_rows(f.router) && !ops::matvec_preload_enabled();
         trace_at(i, 3);
-        if (!skipped("router")) {
+        if (in_a) {
+          a.router = &f.router;
+          a.grid_bar = grid_bar_;
+        } else if (!skipped("router")) {
           // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
           if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});
           else ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
@@ -734,6 +741,7 @@ class CudaModel {
   int* sel_idx_ = nullptr;
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
+  unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;

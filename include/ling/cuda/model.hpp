@@ -11,6 +11,7 @@ struct CudaModelOptions {
   std::int64_t max_context = 4096;  // positions the caches hold (clamped to max_position_embeddings when that is set)
   bool lm_head_fp8 = true;          // online FP8-row LM head (else the head as stored, BF16)
   bool use_graph = true;            // capture the step once and replay it (false: launch eagerly, for debugging)
+  bool router_in_moe = true;        // the router's rows computed inside MoE launch A (one launch fewer per MoE layer)
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.

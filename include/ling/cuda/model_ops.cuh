@@ -347,6 +347,15 @@ inline bool fused_router_enabled() {
   }();
   return on;
 }
+// LING_ROUTER_IN_A=0 keeps the router's rows in their own launch when the selection is fused into MoE launch A (A/B
+// measurements; CudaModelOptions::router_in_moe is the API switch).
+inline bool router_in_a_env() {
+  static bool const on = [] {
+    char const* e = std::getenv("LING_ROUTER_IN_A");
+    return !(e && *e == '0');
+  }();
+  return on;
+}
 
 // ---- fused MoE ------------------------------------------------------------------------------------------------
 // Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I]; expert
@@ -363,6 +372,10 @@ struct MoeArgs {
   int top_k = 0, inter = 0;                                   // routed I
   int* sel_idx = nullptr; float* sel_w = nullptr;            // the picks: read by the launches, or written by A
   RouterArgs const* route = nullptr;                          // set: launch A selects from route->logits
+  // set with route (BF16 rows of whole chunks): launch A computes route->logits itself from these router rows and the
+  // MoE's own input (no router launch), meeting at a grid barrier on grid_bar (8 bytes, any initial value)
+  ModelMatrix const* router = nullptr;
+  unsigned long long* grid_bar = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
@@ -421,6 +434,13 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       return !(e && *e == '0');
     }();
     k.route_ahead = ahead ? 1 : 0;
+    if (a.router) {
+      require(a.router->format == MatFormat::kBf16 && fast_rows(*a.router) && a.grid_bar && a.router->rows == a.route->experts,
+              ErrorCode::kInternal, "moe: router rows in launch A need a BF16 router of whole 16-byte chunks and a barrier");
+      k.router = matrix_args(*a.router);
+      k.router_out = a.route->logits;
+      k.grid_bar = a.grid_bar;
+    }
   }
   k.top_k = a.top_k;
   k.prefetch_down = kernels::moe_b_prefetch_on() ? 1 : 0;

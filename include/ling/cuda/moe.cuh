@@ -9,6 +9,8 @@
 // the streamed kernel instead (section "streamed MoE": per-warp cp.async rings in shared memory), launch B optionally.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/mma_layout.hpp"
@@ -50,6 +52,13 @@ struct MoeArgs {
   int* sel_idx;
   float* sel_w;
   int route_ahead = 1;          // the streamed launch A loads the selection's inputs ahead (router.cuh RouteAhead)
+  // Router rows in launch A (the streamed kernel only; launch_moe_gate_up_stream decides, else a router launch computes
+  // the logits first): each block computes the logits of its rows of the BF16 router matrix (loaded before the PDL
+  // wait) into router_out (= route.logits), the blocks meet at a grid-wide barrier (grid_bar), then select as usual.
+  // router.data null: the logits come from a router launch.
+  MatrixArgs router{};
+  float* router_out = nullptr;
+  unsigned long long* grid_bar = nullptr;
   int prefetch_down = 0;        // the streamed launch A prefetches launch B's routed down rows into L2 (moe_b_prefetch_on)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
@@ -86,6 +95,62 @@ __device__ __forceinline__ void moe_prefetch_down(MoeArgs const& a, int const* s
     prefetch_l2(k < dl ? static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + (k << 7)
                        : static_cast<char const*>(batch_scales<quant::Mxfp4>(a.down, e)) + ((k - dl) << 7));
   }
+}
+
+// ---- router rows inside launch A ---------------------------------------------------------------------------------
+// Each MoE layer had a router launch (2.6 MB of BF16 rows at Ling's shape, 0.6 µs of bytes) between the attention's
+// output launch and launch A; the step timeline measured it at 5.4 µs per layer, nearly all of it the launch boundary
+// (its blocks become resident only as the previous launch's leave). Here the streamed launch A computes the logits
+// itself: block b's warp kW - 1 - j takes router row b + j · grid, copied into shared memory before the PDL wait
+// (cp.async, its own commit group: no registers held across the wait; holding the row in registers took launch A from
+// 101 to 127 registers per thread, the whole register file at 16 warps), writes its logit, and the blocks meet at
+// grid_barrier before the selection. The sums are the router launch's (RowDot<Bf16>::lane_dot), in its order:
+// bit-identical logits. Shared memory: a ring buffer of the warp that no early tile holds (the last warps' first
+// tiles are routed ones, issued only after the selection), else a region after the prologue's scratch
+// (stream_router_offset). Measured on the H200 (2026-12-02, context 0): 2.595 ms/token with the rows in ring buffers,
+// 2.666 with the router launch, 2.705 with the rows always in the region (LING_ROUTER_ROWS_REGION=1): +20 KB per block
+// made the next layer's projections 2.5 µs longer. Our reading (not measured directly): 192 KB per block fits the SM's
+// 196 KB shared-memory configuration, 212 KB needs the 228 KB one, which leaves the launches after it 28 KB of L1
+// instead of 60 (the FP8 block scales are read through L1).
+__device__ __forceinline__ void router_row_copy(MatrixArgs const& w, std::int64_t r, unsigned char* dst) {
+  std::int64_t const bytes = w.ld * 2;  // BF16 rows, whole 16-byte chunks (the launcher checks)
+  warp_copy(dst, Span16{static_cast<char const*>(w.data) + r * bytes, std::uint32_t(bytes), 0u});
+}
+// The row's logit (every lane returns it) from its copy in shared memory.
+__device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned char const* row, float const* xs) {
+  int const nchunks = int(w.ld / 8);  // BF16: 8 columns per chunk
+  float acc = 0.f;
+  for (int j = int(threadIdx.x & 31); j < nchunks; j += 32) {  // a lane reads the chunks it copied itself
+    uint4 const vv[1] = {reinterpret_cast<uint4 const*>(row)[j]};
+    float d[1];
+    FastOps<quant::Bf16>::dot<1>(vv, xs + xpad(j * 8), d);
+    acc = fmaf(1.f, d[0], acc);  // the chunk scale of BF16 rows is 1
+  }
+  return warp_sum(acc) * RowDot<quant::Bf16>::row_scale(nullptr, 0);
+}
+
+// A grid-wide barrier for a launch whose blocks are all resident at once (the launcher checks the occupancy; a later
+// launch can take an SM only after every block of this one has started, PDL's rule). One atomic per block on a 64-bit
+// counter that is never reset: every round adds exactly 2^32 in total (block 0 adds 2^32 - (grid - 1), every other
+// block 1), so the value a block's atomic returns names its round, and the block waits until the counter reaches the
+// next multiple of 2^32. Any grid size, any sequence of launches, nothing to re-arm. Bounded: if the round never
+// completed (impossible when the launcher's check holds) the block traps, which the host sees as a launch error,
+// instead of hanging. The barrier orders the blocks' earlier global writes before everyone's later reads (fence,
+// then acquire), which must bypass L1 (__ldcg).
+__device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long const inc = blockIdx.x == 0 ? (1ull << 32) - (gridDim.x - 1) : 1ull;
+    __threadfence();
+    unsigned long long const target = (atomicAdd(bar, inc) | 0xFFFFFFFFull) + 1ull;
+    for (unsigned n = 0;; ++n) {
+      unsigned long long v;
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
+      if (v >= target) break;
+      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
+    }
+  }
+  __syncthreads();
 }
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
@@ -1003,6 +1068,11 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
   return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
 }
+// Launch A streamed: where the block's router rows start in its dynamic shared memory (after the staged input, the int2
+// slots and the limb scales; router rows in launch A only).
+__host__ __device__ constexpr std::int64_t stream_router_offset(std::int64_t n_stage, int nblk, RouteSel const& r) {
+  return (std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots(nblk, r)) * 8 + std::int64_t(nblk) * 4 + 15) / 16 * 16;
+}
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
@@ -1088,17 +1158,41 @@ __global__ void __launch_bounds__(kW * 32, 1)
 
   pdl_trigger();
   trace_mark(a.trace_a, 0);
-  // before the wait: this warp's leading shared-expert tiles (their commit groups are closed below, in tile order)
+  // this warp's leading shared-expert tiles, issued before the wait (their commit groups are closed below, in tile order)
   int pre = 0;
-  while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) issue(pre++);
+  while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) ++pre;
+  // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait as the first commit
+  // group into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after the
+  // selection), else into the region after the prologue's scratch (the launcher reserves it when some warp needs it)
+  bool const rin = a.router.data != nullptr;
+  int const rj = kW - 1 - warp;
+  std::int64_t const rrow = std::int64_t(b) + std::int64_t(rj) * G, rbytes = a.router.ld * 2;
+  bool const rmine = rin && rrow < a.router.rows;
+  unsigned char* const rsm = pre < D && rbytes <= sp.stage_bytes
+                                 ? ring + std::size_t(pre) * std::size_t(sp.stage_bytes)
+                                 : reinterpret_cast<unsigned char*>(smem_f4) + stream_router_offset(n_stage, nblk, a.route) +
+                                       std::size_t(rj) * std::size_t(rbytes);
+  if (rmine) router_row_copy(a.router, rrow, rsm);
+  if (rin) cp_async_commit();
+  for (int m = 0; m < pre; ++m) issue(m);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  if (ahead) route_ahead_logits(a.route, ra);  // in flight while the input is staged
+  if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  if (rin) {
+    cp_async_wait(0);  // the router row (the only committed group: the tiles' copies are not committed yet)
+    __syncthreads();   // the staged input is complete
+    if (rmine) {
+      float const v = router_row_dot(a.router, rsm, xs);
+      if (lane == 0) a.router_out[rrow] = v;
+    }
+    grid_barrier(a.grid_bar);
+    if (ahead) route_ahead_logits(a.route, ra);
+  }
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   trace_mark(a.trace_a, 2);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
@@ -1397,17 +1491,17 @@ inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {
 }
 
 // Sizes the warps' rings for `kernel` (kW warps × stages buffers of stage_bytes after prologue bytes of dynamic shared
-// memory, within the device's opt-in limit; no more stages than a warp has tiles) and launches it on min(SMs × blocks
-// per SM, tiles) blocks. Returns false (nothing launched) when not even one buffer per warp fits: the caller then runs the
-// register-streaming kernels.
-template <class Kernel, class... Args>
-bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologue, std::int64_t stage_bytes,
-                   cudaStream_t stream, cudaError_t& err, Args const&... args) {
+// memory, within the device's opt-in limit; no more stages than a warp has tiles) on min(SMs × blocks per SM, tiles)
+// blocks, and sets the kernel's shared-memory limit. Returns false (nothing to launch) when not even one buffer per warp
+// fits: the caller then runs the register-streaming kernels.
+template <class Kernel>
+bool stream_plan(Kernel kernel, int warps, StreamPlan& sp, std::int64_t prologue, std::int64_t stage_bytes, std::size_t& smem,
+                 int& blocks, cudaError_t& err) {
   if (sp.tiles <= 0) return false;
   cudaFuncAttributes fa{};
   if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
   int const per_sm = moe_stream_blocks_per_sm(warps);
-  int const blocks = sp.tiles < sm_count() * per_sm ? sp.tiles : sm_count() * per_sm;
+  blocks = sp.tiles < sm_count() * per_sm ? sp.tiles : sm_count() * per_sm;
   int const per_warp = ((sp.tiles + blocks - 1) / blocks + warps - 1) / warps;
   sp.prologue_bytes = int(round128(prologue));
   sp.stage_bytes = int(round128(stage_bytes));
@@ -1420,11 +1514,63 @@ bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologu
   if (st > moe_stream_stage_cap()) st = moe_stream_stage_cap();
   if (st < 1) return false;
   sp.stages = int(st);
-  std::size_t const smem =
-      std::size_t(sp.prologue_bytes) + std::size_t(warps) * std::size_t(sp.stages) * std::size_t(sp.stage_bytes);
+  smem = std::size_t(sp.prologue_bytes) + std::size_t(warps) * std::size_t(sp.stages) * std::size_t(sp.stage_bytes);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  return true;
+}
+// stream_plan, then the launch; false: nothing launched (see stream_plan).
+template <class Kernel, class... Args>
+bool stream_launch(Kernel kernel, int warps, StreamPlan sp, std::int64_t prologue, std::int64_t stage_bytes,
+                   cudaStream_t stream, cudaError_t& err, Args const&... args) {
+  std::size_t smem = 0;
+  int blocks = 0;
+  if (!stream_plan(kernel, warps, sp, prologue, stage_bytes, smem, blocks, err)) return false;
   if (err == cudaSuccess) err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, args..., sp);
   return true;
+}
+
+// Launch A's router rows (MoeArgs::router) on their own router launch: the logits only (no counter; launch A selects).
+inline cudaError_t launch_router_logits(MoeArgs const& a, float const* u, InputPrologue const& pro, cudaStream_t stream) {
+  RouterArgs ra{};
+  ra.w = a.router;
+  ra.logits = a.router_out;
+  return launch_router_keyed(make_key<quant::Bf16>(), ra, u, pro, stream);
+}
+
+// LING_ROUTER_ROWS_REGION=1: launch A's router rows always in their own shared-memory region (A/B measurements).
+inline bool moe_router_rows_region() {
+  char const* e = std::getenv("LING_ROUTER_ROWS_REGION");
+  return e && *e == '1';
+}
+// Launch A's router rows: rows per block (warps kW - 1, kW - 2, ... take one each).
+inline std::int64_t router_rows_per_block(MatrixArgs const& w, int blocks) { return blocks > 0 ? (w.rows + blocks - 1) / blocks : 0; }
+// Whether every router warp finds a ring buffer free before the wait (no early shared-expert tile in it: warp w's early
+// tiles are m < stages with (w + m · warps) · blocks + b < shared tiles, most at b = 0), so that the rows need no
+// shared memory of their own.
+inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks) {
+  if (w.ld * 2 > p.stage_bytes) return false;
+  std::int64_t const rpb = router_rows_per_block(w, blocks);
+  for (std::int64_t j = 0; j < rpb && j < warps; ++j) {
+    std::int64_t const warp = warps - 1 - j;
+    int early = 0;
+    for (int m = 0; m < p.stages; ++m) early += (warp + std::int64_t(m) * warps) * blocks < p.shared_tiles ? 1 : 0;
+    if (early >= p.stages) return false;
+  }
+  return true;
+}
+// Whether launch A can take its router rows on `blocks` blocks of `warps` warps with smem bytes of shared memory (the
+// rows placed: in ring buffers, or room reserved): whole 16-byte chunks, a staged input that covers the rows, at most a
+// row per warp, and every block resident at once (the grid barrier; the occupancy query counts registers and shared
+// memory).
+template <class Kernel>
+bool router_in_a_fits(Kernel kernel, MoeArgs const& a, std::int64_t n_stage, int warps, std::size_t smem, int blocks, bool placed) {
+  MatrixArgs const& w = a.router;
+  if (!placed || !w.data || !a.router_out || !a.grid_bar || w.rows <= 0 || blocks <= 0) return false;
+  if (w.ld % 8 != 0 || w.ld > round32(n_stage) || !aligned16(w.data)) return false;
+  if (router_rows_per_block(w, blocks) > warps) return false;
+  int per_sm = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) != cudaSuccess) return false;
+  return std::int64_t(per_sm) * sm_count() >= blocks;
 }
 
 // Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
@@ -1453,16 +1599,45 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t const stage = routed > shared ? routed : shared;
     bool const biased = moe_q8u_on(), compact = moe_issue_compact();
     int const warps = moe_stream_warps_a();
-    if (warps == 20 && !biased && compact)
-      return stream_launch(moe_gate_up_stream_kernel<20, false, true>, 20, sp, prologue, stage, stream, err, a, u, pro, h);
+    // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first. Their shared
+    // memory: ceil(rows / blocks) rows after the prologue's scratch (blocks as stream_plan will choose them).
+    auto go = [&](auto kernel, int w) {
+      std::size_t smem = 0;
+      int blocks = 0;
+      StreamPlan p = sp;
+      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err)) return false;
+      if (err != cudaSuccess) return true;
+      bool placed = false;
+      if (a.router.data) {
+        // the rows in ring buffers (no shared memory of their own: a larger footprint measured slower), else a region
+        placed = !moe_router_rows_region() && router_rows_in_ring(a.router, p, w, blocks);
+        std::int64_t const rpb = router_rows_per_block(a.router, blocks);
+        StreamPlan q = sp;
+        std::size_t smem_q = 0;
+        int blocks_q = 0;
+        if (!placed && rpb <= w &&
+            stream_plan(kernel, w, q, stream_router_offset(n_stage, int(nblk), a.route) + rpb * a.router.ld * 2, stage, smem_q,
+                        blocks_q, err) &&
+            err == cudaSuccess && blocks_q == blocks) {
+          p = q, smem = smem_q, placed = true;
+        }
+        if (err != cudaSuccess) return true;
+      }
+      MoeArgs b = a;
+      if (a.router.data && !router_in_a_fits(kernel, a, n_stage, w, smem, blocks, placed)) {
+        if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
+        b.router = MatrixArgs{};
+      }
+      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
+      return true;
+    };
+    if (warps == 20 && !biased && compact) return go(moe_gate_up_stream_kernel<20, false, true>, 20);
     if (warps == 8) {
-      if (biased) return stream_launch(moe_gate_up_stream_kernel<8, true, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
-      return compact ? stream_launch(moe_gate_up_stream_kernel<8, false, true>, 8, sp, prologue, stage, stream, err, a, u, pro, h)
-                     : stream_launch(moe_gate_up_stream_kernel<8, false, false>, 8, sp, prologue, stage, stream, err, a, u, pro, h);
+      if (biased) return go(moe_gate_up_stream_kernel<8, true, true>, 8);
+      return compact ? go(moe_gate_up_stream_kernel<8, false, true>, 8) : go(moe_gate_up_stream_kernel<8, false, false>, 8);
     }
-    if (biased) return stream_launch(moe_gate_up_stream_kernel<16, true, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
-    return compact ? stream_launch(moe_gate_up_stream_kernel<16, false, true>, 16, sp, prologue, stage, stream, err, a, u, pro, h)
-                   : stream_launch(moe_gate_up_stream_kernel<16, false, false>, 16, sp, prologue, stage, stream, err, a, u, pro, h);
+    if (biased) return go(moe_gate_up_stream_kernel<16, true, true>, 16);
+    return compact ? go(moe_gate_up_stream_kernel<16, false, true>, 16) : go(moe_gate_up_stream_kernel<16, false, false>, 16);
   }
 }
 
@@ -1676,6 +1851,13 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   {
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
+  }
+  if (a.router.data) {  // the register kernels do not take router rows: their own launch first
+    cudaError_t const e = launch_router_logits(a, u, pro, stream);
+    if (e != cudaSuccess) return e;
+    MoeArgs b = a;
+    b.router = MatrixArgs{};
+    return launch_moe_gate_up_keyed<kMinBlocks>(KE{}, KS{}, b, u, pro, h, stream);
   }
   std::size_t smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
   std::int64_t const tasks = std::int64_t(a.top_k) * a.gate.rows + (a.has_shared ? a.sgate.rows : 0);
