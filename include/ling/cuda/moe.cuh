@@ -73,7 +73,8 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
   }
 }
 
-// LING_MOE_B_PREFETCH=1 (opt-in; written in session 9, not yet measured): once the streamed launch A knows the picks,
+// LING_MOE_B_PREFETCH=1 (opt-in; written in session 9, measured slower in session 10: 2.700 against 2.668 ms/token at
+// context 0, H200): once the streamed launch A knows the picks,
 // its blocks ask the L2 for launch B's routed down rows of those experts (each block a 1/grid share of the lines: about
 // one prefetch per thread at Ling's shapes, 8 × 1 MB), while launch A itself reads only ~1.6 TB/s. Launch B's rows then
 // come from the L2 after its wait: in session 9's handoff experiment, rows in L2 made launch B's part after its wait
