@@ -151,6 +151,41 @@ TEST_CASE("CUDA model = CPU model on the tests/data checkpoints") {
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) compare(n, 23, 12);
 }
 
+// Two sessions of one checkpoint under different options, fed the same random prompt and then the first session's
+// greedy tokens: how many of the `steps` logits vectors differ (bit for bit) and how many NaN the first one produced.
+namespace {
+
+struct Divergence {
+  int differing = 0, nan = 0;
+};
+Divergence diverge(char const* name, ling::cuda::CudaModelOptions const& oa, ling::cuda::CudaModelOptions const& ob,
+                   int prompt_len, int steps, unsigned seed) {
+  std::string const dir = std::string(LING_TEST_DATA) + "/" + name;
+  auto x = ling::cuda::CudaSession::open(dir, oa);
+  auto y = ling::cuda::CudaSession::open(dir, ob);
+  std::mt19937 rng{seed};
+  std::uniform_int_distribution<int> tok(0, int(x.vocab_size()) - 1);
+  std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
+  for (auto& t : prompt) t = tok(rng);
+  auto lx = x.prefill(prompt);
+  std::vector<float> a(lx.begin(), lx.end());
+  auto ly = y.prefill(prompt);
+  std::vector<float> b(ly.begin(), ly.end());
+  Divergence d;
+  for (int s = 0; s < steps; ++s) {
+    if (a != b) ++d.differing;
+    for (float v : a) d.nan += std::isnan(v) ? 1 : 0;
+    auto next = std::int32_t(std::max_element(a.begin(), a.end()) - a.begin());
+    auto dx = x.decode(next);
+    a.assign(dx.begin(), dx.end());
+    auto dy = y.decode(next);
+    b.assign(dy.begin(), dy.end());
+  }
+  return d;
+}
+
+}  // namespace
+
 // Every kernel of the step reduces in a fixed order, so the step is a function of its inputs: a graph replay and an
 // eager launch (both with PDL edges), run in two sessions, must give bit-identical logits. A difference means a
 // kernel reads something before its producer finished (a PDL ordering bug) or reads uninitialized memory.
@@ -158,27 +193,7 @@ TEST_CASE("CUDA decode is deterministic: graph replay and eager launches give bi
   if (!ling::cuda::device_available()) return;
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);
-    std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
-    auto g = ling::cuda::CudaSession::open(dir, {4096, false, true});
-    auto e = ling::cuda::CudaSession::open(dir, {4096, false, false});
-    std::mt19937 rng{1234};
-    std::uniform_int_distribution<int> tok(0, int(g.vocab_size()) - 1);
-    std::vector<std::int32_t> prompt(23);
-    for (auto& t : prompt) t = tok(rng);
-    auto lg = g.prefill(prompt);
-    std::vector<float> a(lg.begin(), lg.end());
-    auto le = e.prefill(prompt);
-    std::vector<float> b(le.begin(), le.end());
-    int differing = 0;
-    for (int s = 0; s < 24; ++s) {
-      if (a != b) ++differing;
-      auto next = std::int32_t(std::max_element(a.begin(), a.end()) - a.begin());
-      auto dg = g.decode(next);
-      a.assign(dg.begin(), dg.end());
-      auto de = e.decode(next);
-      b.assign(de.begin(), de.end());
-    }
-    CHECK(differing == 0);
+    CHECK(diverge(n, {4096, false, true}, {4096, false, false}, 23, 24, 1234).differing == 0);
   }
 }
 
@@ -190,29 +205,9 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
   if (!ling::cuda::device_available()) return;
   for (char const* n : {"ling-a-fp4", "ling-a-fp8", "ling-a-bf16"}) {
     CAPTURE(n);
-    std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
-    auto in_a = ling::cuda::CudaSession::open(dir, {4096, false, true, true});
-    auto own = ling::cuda::CudaSession::open(dir, {4096, false, true, false});
-    std::mt19937 rng{77};
-    std::uniform_int_distribution<int> tok(0, int(in_a.vocab_size()) - 1);
-    std::vector<std::int32_t> prompt(9);
-    for (auto& t : prompt) t = tok(rng);
-    auto la = in_a.prefill(prompt);
-    std::vector<float> a(la.begin(), la.end());
-    auto lo = own.prefill(prompt);
-    std::vector<float> b(lo.begin(), lo.end());
-    int differing = 0, nan = 0;
-    for (int s = 0; s < 16; ++s) {
-      if (a != b) ++differing;
-      for (float v : a) nan += std::isnan(v) ? 1 : 0;
-      auto next = std::int32_t(std::max_element(a.begin(), a.end()) - a.begin());
-      auto da = in_a.decode(next);
-      a.assign(da.begin(), da.end());
-      auto db = own.decode(next);
-      b.assign(db.begin(), db.end());
-    }
-    CHECK(differing == 0);
-    CHECK(nan == 0);
+    Divergence const d = diverge(n, {4096, false, true, true}, {4096, false, true, false}, 9, 16, 77);
+    CHECK(d.differing == 0);
+    CHECK(d.nan == 0);
   }
 }
 
