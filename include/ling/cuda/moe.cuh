@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "ling/cuda/async_copy.cuh"
+#include "ling/cuda/grid_round.hpp"
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
@@ -132,22 +133,21 @@ __device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned ch
 
 // A grid-wide barrier for a launch whose blocks are all resident at once (the launcher checks the occupancy; a later
 // launch can take an SM only after every block of this one has started, PDL's rule). One atomic per block on a 64-bit
-// counter that is never reset: every round adds exactly 2^32 in total (block 0 adds 2^32 - (grid - 1), every other
-// block 1), so the value a block's atomic returns names its round, and the block waits until the counter reaches the
-// next multiple of 2^32. Any grid size, any sequence of launches, nothing to re-arm. Bounded: if the round never
-// completed (impossible when the launcher's check holds) the block traps, which the host sees as a launch error,
-// instead of hanging. The barrier orders the blocks' earlier global writes before everyone's later reads (fence,
-// then acquire), which must bypass L1 (__ldcg).
+// counter that is never reset: every round adds exactly 2^32 in total, so the value a block's atomic returns names its
+// round, and the block waits until the counter reaches the round's end (grid_round.hpp, tested on the CPU). Any grid
+// size, any sequence of launches, nothing to re-arm. Bounded: if the round never completed (impossible when the
+// launcher's check holds) the block traps, which the host sees as a launch error, instead of hanging. The barrier
+// orders the blocks' earlier global writes before everyone's later reads (fence, then acquire), which must bypass L1
+// (__ldcg).
 __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    unsigned long long const inc = blockIdx.x == 0 ? (1ull << 32) - (gridDim.x - 1) : 1ull;
     __threadfence();
-    unsigned long long const target = (atomicAdd(bar, inc) | 0xFFFFFFFFull) + 1ull;
+    std::uint64_t const target = grid_round::target(atomicAdd(bar, grid_round::increment(blockIdx.x, gridDim.x)));
     for (unsigned n = 0;; ++n) {
       unsigned long long v;
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
-      if (v >= target) break;
+      if (grid_round::reached(v, target)) break;
       if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
     }
   }
