@@ -11,7 +11,11 @@ struct CudaModelOptions {
   std::int64_t max_context = 4096;  // positions the caches hold (clamped to max_position_embeddings when that is set)
   bool lm_head_fp8 = true;          // online FP8-row LM head (else the head as stored, BF16)
   bool use_graph = true;            // capture the step once and replay it (false: launch eagerly, for debugging)
-  bool router_in_moe = true;        // the router's rows computed inside MoE launch A (one launch fewer per MoE layer)
+  // The router's rows computed inside MoE launch A (one launch fewer per MoE layer). It needs launch A's blocks (one
+  // per SM) resident at once, which the launcher checks against the device's SM count; turn it off where the process
+  // gets fewer SMs than the device has (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts), else the step fails
+  // with a launch error after seconds (the barrier is bounded; it never hangs).
+  bool router_in_moe = true;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.
