@@ -108,12 +108,13 @@ __device__ __forceinline__ void moe_prefetch_down(MoeArgs const& a, int const* s
 // 101 to 127 registers per thread, the whole register file at 16 warps), writes its logit, and the blocks meet at
 // grid_barrier before the selection. The sums are the router launch's (RowDot<Bf16>::lane_dot), in its order:
 // bit-identical logits. Shared memory: a ring buffer of the warp that no early tile holds (the last warps' first
-// tiles are routed ones, issued only after the selection), else a region after the prologue's scratch
-// (stream_router_offset). Measured on the H200 (2026-12-02, context 0): 2.595 ms/token with the rows in ring buffers,
-// 2.666 with the router launch, 2.705 with the rows always in the region (LING_ROUTER_ROWS_REGION=1): +20 KB per block
-// made the next layer's projections 2.5 µs longer. Our reading (not measured directly): 192 KB per block fits the SM's
-// 196 KB shared-memory configuration, 212 KB needs the 228 KB one, which leaves the launches after it 28 KB of L1
-// instead of 60 (the FP8 block scales are read through L1).
+// tiles are routed ones, issued only after the selection; the launcher checks that every router warp has one, else a
+// router launch computes the logits). Measured on the H200 (2026-12-02, context 0): 2.595 ms/token with the rows in
+// ring buffers, 2.666 with the router launch, 2.705 with the rows in a region of their own (+20 KB per block, session
+// 10's first version, removed: slower than the router launch): that made the next layer's projections 2.5 µs longer.
+// Our reading (not measured directly): 192 KB per block fits the SM's 196 KB shared-memory configuration, 212 KB needs
+// the 228 KB one, which leaves the launches after it 28 KB of L1 instead of 60 (the FP8 block scales are read
+// through L1).
 __device__ __forceinline__ void router_row_copy(MatrixArgs const& w, std::int64_t r, unsigned char* dst) {
   std::int64_t const bytes = w.ld * 2;  // BF16 rows, whole 16-byte chunks (the launcher checks)
   warp_copy(dst, Span16{static_cast<char const*>(w.data) + r * bytes, std::uint32_t(bytes), 0u});
@@ -1069,11 +1070,6 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
   return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
 }
-// Launch A streamed: where the block's router rows start in its dynamic shared memory (after the staged input, the int2
-// slots and the limb scales; router rows in launch A only).
-__host__ __device__ constexpr std::int64_t stream_router_offset(std::int64_t n_stage, int nblk, RouteSel const& r) {
-  return (std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots(nblk, r)) * 8 + std::int64_t(nblk) * 4 + 15) / 16 * 16;
-}
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
@@ -1164,15 +1160,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
   while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) ++pre;
   // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait as the first commit
   // group into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after the
-  // selection), else into the region after the prologue's scratch (the launcher reserves it when some warp needs it)
+  // selection; router_rows_in_ring checked that this buffer exists for every router warp)
   bool const rin = a.router.data != nullptr;
-  int const rj = kW - 1 - warp;
-  std::int64_t const rrow = std::int64_t(b) + std::int64_t(rj) * G, rbytes = a.router.ld * 2;
+  std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
   bool const rmine = rin && rrow < a.router.rows;
-  unsigned char* const rsm = pre < D && rbytes <= sp.stage_bytes
-                                 ? ring + std::size_t(pre) * std::size_t(sp.stage_bytes)
-                                 : reinterpret_cast<unsigned char*>(smem_f4) + stream_router_offset(n_stage, nblk, a.route) +
-                                       std::size_t(rj) * std::size_t(rbytes);
+  unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
   if (rmine) router_row_copy(a.router, rrow, rsm);
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
@@ -1538,20 +1530,14 @@ inline cudaError_t launch_router_logits(MoeArgs const& a, float const* u, InputP
   return launch_router_keyed(make_key<quant::Bf16>(), ra, u, pro, stream);
 }
 
-// LING_ROUTER_ROWS_REGION=1: launch A's router rows always in their own shared-memory region (A/B measurements).
-inline bool moe_router_rows_region() {
-  char const* e = std::getenv("LING_ROUTER_ROWS_REGION");
-  return e && *e == '1';
-}
-// Launch A's router rows: rows per block (warps kW - 1, kW - 2, ... take one each).
-inline std::int64_t router_rows_per_block(MatrixArgs const& w, int blocks) { return blocks > 0 ? (w.rows + blocks - 1) / blocks : 0; }
-// Whether every router warp finds a ring buffer free before the wait (no early shared-expert tile in it: warp w's early
-// tiles are m < stages with (w + m · warps) · blocks + b < shared tiles, most at b = 0), so that the rows need no
-// shared memory of their own.
+// Whether launch A's router rows fit its ring buffers: a row per warp (warps kW - 1, kW - 2, ... take one each) and
+// every router warp with a buffer free before the wait (no early shared-expert tile in it: warp w's early tiles are
+// m < stages with (w + m · warps) · blocks + b < shared tiles, most at b = 0) that holds a row.
 inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks) {
-  if (w.ld * 2 > p.stage_bytes) return false;
-  std::int64_t const rpb = router_rows_per_block(w, blocks);
-  for (std::int64_t j = 0; j < rpb && j < warps; ++j) {
+  if (blocks <= 0 || w.ld * 2 > p.stage_bytes) return false;
+  std::int64_t const rpb = (w.rows + blocks - 1) / blocks;
+  if (rpb > warps) return false;
+  for (std::int64_t j = 0; j < rpb; ++j) {
     std::int64_t const warp = warps - 1 - j;
     int early = 0;
     for (int m = 0; m < p.stages; ++m) early += (warp + std::int64_t(m) * warps) * blocks < p.shared_tiles ? 1 : 0;
@@ -1559,16 +1545,16 @@ inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int wa
   }
   return true;
 }
-// Whether launch A can take its router rows on `blocks` blocks of `warps` warps with smem bytes of shared memory (the
-// rows placed: in ring buffers, or room reserved): whole 16-byte chunks, a staged input that covers the rows, at most a
-// row per warp, and every block resident at once (the grid barrier; the occupancy query counts registers and shared
-// memory).
+// Whether launch A, planned as p on `blocks` blocks of `warps` warps with smem bytes of shared memory, can take its
+// router rows: whole 16-byte chunks, a staged input that covers the rows, the rows in ring buffers, and every block
+// resident at once (the grid barrier; the occupancy query counts registers and shared memory).
 template <class Kernel>
-bool router_in_a_fits(Kernel kernel, MoeArgs const& a, std::int64_t n_stage, int warps, std::size_t smem, int blocks, bool placed) {
+bool router_in_a_fits(Kernel kernel, MoeArgs const& a, StreamPlan const& p, std::int64_t n_stage, int warps, std::size_t smem,
+                      int blocks) {
   MatrixArgs const& w = a.router;
-  if (!placed || !w.data || !a.router_out || !a.grid_bar || w.rows <= 0 || blocks <= 0) return false;
+  if (!w.data || !a.router_out || !a.grid_bar || w.rows <= 0) return false;
   if (w.ld % 8 != 0 || w.ld > round32(n_stage) || !aligned16(w.data)) return false;
-  if (router_rows_per_block(w, blocks) > warps) return false;
+  if (!router_rows_in_ring(w, p, warps, blocks)) return false;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) != cudaSuccess) return false;
   return std::int64_t(per_sm) * sm_count() >= blocks;
@@ -1600,32 +1586,15 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t const stage = routed > shared ? routed : shared;
     bool const biased = moe_q8u_on(), compact = moe_issue_compact();
     int const warps = moe_stream_warps_a();
-    // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first. Their shared
-    // memory: ceil(rows / blocks) rows after the prologue's scratch (blocks as stream_plan will choose them).
+    // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
     auto go = [&](auto kernel, int w) {
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
       if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err)) return false;
       if (err != cudaSuccess) return true;
-      bool placed = false;
-      if (a.router.data) {
-        // the rows in ring buffers (no shared memory of their own: a larger footprint measured slower), else a region
-        placed = !moe_router_rows_region() && router_rows_in_ring(a.router, p, w, blocks);
-        std::int64_t const rpb = router_rows_per_block(a.router, blocks);
-        StreamPlan q = sp;
-        std::size_t smem_q = 0;
-        int blocks_q = 0;
-        if (!placed && rpb <= w &&
-            stream_plan(kernel, w, q, stream_router_offset(n_stage, int(nblk), a.route) + rpb * a.router.ld * 2, stage, smem_q,
-                        blocks_q, err) &&
-            err == cudaSuccess && blocks_q == blocks) {
-          p = q, smem = smem_q, placed = true;
-        }
-        if (err != cudaSuccess) return true;
-      }
       MoeArgs b = a;
-      if (a.router.data && !router_in_a_fits(kernel, a, n_stage, w, smem, blocks, placed)) {
+      if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};
       }
@@ -1853,12 +1822,9 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
   }
-  if (a.router.data) {  // the register kernels do not take router rows: their own launch first
+  if (a.router.data) {  // the register kernels do not read router rows: their own launch first
     cudaError_t const e = launch_router_logits(a, u, pro, stream);
     if (e != cudaSuccess) return e;
-    MoeArgs b = a;
-    b.router = MatrixArgs{};
-    return launch_moe_gate_up_keyed<kMinBlocks>(KE{}, KS{}, b, u, pro, h, stream);
   }
   std::size_t smem = std::size_t(xs_floats(n_stage)) * sizeof(float);
   std::int64_t const tasks = std::int64_t(a.top_k) * a.gate.rows + (a.has_shared ? a.sgate.rows : 0);
