@@ -373,7 +373,8 @@ struct MoeArgs {
   int* sel_idx = nullptr; float* sel_w = nullptr;            // the picks: read by the launches, or written by A
   RouterArgs const* route = nullptr;                          // set: launch A selects from route->logits
   // set with route (BF16 rows of whole chunks): launch A computes route->logits itself from these router rows and the
-  // MoE's own input (no router launch), meeting at a grid barrier on grid_bar (8 bytes, any initial value)
+  // MoE's own input (no router launch), meeting at a grid barrier on grid_bar (8 bytes holding zero or a multiple of 2^32
+  // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
