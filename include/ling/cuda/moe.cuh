@@ -127,7 +127,7 @@ __device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned ch
     uint4 const vv[1] = {reinterpret_cast<uint4 const*>(row)[j]};
     float d[1];
     FastOps<quant::Bf16>::dot<1>(vv, xs + xpad(j * 8), d);
-    acc = fmaf(1.f, d[0], acc);  // the chunk scale of BF16 rows is 1
+    acc += d[0];  // the router launch's fmaf(chunk scale, d, acc) with a BF16 chunk scale of 1: the same sum
   }
   return warp_sum(acc) * RowDot<quant::Bf16>::row_scale(nullptr, 0);
 }
@@ -1654,11 +1654,14 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 // kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
 // R: rows per warp (1: up to 20 warps at <= 102 registers; 2: up to 12 warps at <= 170).
 __host__ __device__ constexpr int lane_max_warps(int rows_per_warp) { return rows_per_warp == 1 ? 20 : 12; }
-// Its shared memory: the staged shared-expert input, the limbs and their scales; with kEarly then (16-byte aligned)
-// the first rows' codes (warps × kU × 32 × 16 bytes) and scale words (× 4 bytes).
+// Its shared memory: the staged shared-expert input, the limbs and their scales (lane_smem_bytes); with kEarly then
+// (lane_early_offset: 16-byte aligned) the first rows' codes (warps × kU × 32 × 16 bytes) and scale words (× 4 bytes).
+__host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int nq) {
+  return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
+         std::size_t(nq) * sizeof(float);
+}
 __host__ __device__ constexpr std::size_t lane_early_offset(std::int64_t n_sh, int nq) {
-  return (std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
-          std::size_t(nq) * sizeof(float) + 15) / 16 * 16;
+  return (lane_smem_bytes(n_sh, nq) + 15) / 16 * 16;
 }
 //
 // kEarly (LING_MOE_LANE_EARLY=1; one row per warp): each lane's first-row codes and scale bytes are copied into shared
@@ -1816,11 +1819,6 @@ inline int moe_lane_rows() {
   char const* e = std::getenv("LING_MOE_LANE_ROWS");
   return e && *e == '2' ? 2 : 1;
 }
-inline std::size_t moe_down_lane_smem(MoeArgs const& a, std::int64_t n_sh) {
-  int const nq = a.top_k * int(a.down.cols >> 5);
-  return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
-         std::size_t(nq) * sizeof(float);
-}
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>
@@ -1839,7 +1837,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
         a.down.count * a.down.scale_stride >= (std::int64_t(1) << 32))
       return false;
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-    std::size_t const smem = moe_down_lane_smem(a, n_sh);
+    std::size_t const smem = lane_smem_bytes(n_sh, nq);
     if (smem > std::size_t(smem_optin_bytes())) return false;
     // one block per SM, warps enough for one pass over the rows (R each), 4 to lane_max_warps(R)
     int const R = moe_lane_rows();
