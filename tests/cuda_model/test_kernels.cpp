@@ -178,8 +178,9 @@ void rope_ref(float* x, int dim, std::int64_t pos, double theta) {  // as cpu::r
     x[2 * j + 1] = x0 * s + x1 * c;
   }
 }
-// kernel 1: CUDA-core attention (fp32 scores, tolerance 1e-4); kernel 2: tensor cores (bf16 Q̂ and P, 1e-2)
-void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1) {
+// kernel 1: CUDA-core attention (fp32 scores, tolerance 1e-4); kernel 2: tensor cores (bf16 Q̂ and P, 1e-2);
+// kernel 3: session 2's tensor-core kernel (the same tolerance). min_chunk 0: the kernel's default split size.
+void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0) {
   int const H = d.heads, L = d.latent(), r = d.rank;
   std::vector<float> deq;
   auto kvb = make_matrix(MatFormat::kFp8Block, randn(std::size_t(H) * (d.nope + d.v) * r, 0.05f), std::int64_t(H) * (d.nope + d.v), r, &deq);
@@ -187,7 +188,7 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   std::vector<std::uint16_t> cache(std::size_t(pos * L));
   for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
   auto gate = randn(std::size_t(gate_mode == 2 ? H * d.v : H));
-  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel);
+  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk);
   // reference (double where it matters): new row, q̂, attention over pos+1 rows, W_UV, gate
   std::vector<float> row(static_cast<std::size_t>(L));
   double ss = 0;
@@ -236,8 +237,9 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   }
   CHECK(rel_l2(got.q_hat, qhat_ref) < 1e-5);
   double const err = rel_l2(got.out, out);
-  MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << ": rel L2 " << err);
-  CHECK(err < (kernel == 2 ? 1e-2 : 1e-4));
+  MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << " min chunk " << min_chunk
+                         << ": rel L2 " << err);
+  CHECK(err < (kernel >= 2 ? 1e-2 : 1e-4));
 }
 }  // namespace
 
@@ -250,6 +252,14 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("tensor cores: Ling shape, 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 2); }
   SUBCASE("tensor cores: Ling shape, first token") { mla_case(ling, 0, 8, 1, 2); }
   SUBCASE("tensor cores: Ling shape, 5000 tokens, 132 splits") { mla_case(ling, 5000, 132, 1, 2); }
+  // the pipelined kernel's ring: one tile exactly, one token past it, splits of one tile, many tiles per split
+  SUBCASE("tensor cores: 32 tokens (one whole tile)") { mla_case(ling, 31, 132, 1, 2); }
+  SUBCASE("tensor cores: 33 tokens, splits of one tile") { mla_case(ling, 32, 132, 1, 2, 32); }
+  SUBCASE("tensor cores: 4100 tokens, splits of one tile (129 used)") { mla_case(ling, 4099, 132, 1, 2, 32); }
+  SUBCASE("tensor cores: 4097 tokens, default split size") { mla_case(ling, 4096, 132, 1, 2); }
+  SUBCASE("tensor cores: 20000 tokens, 7 splits (90 tiles each, the ring wraps)") { mla_case(ling, 19999, 7, 1, 2); }
+  SUBCASE("tensor cores: 1000 tokens, splits of 256") { mla_case(ling, 999, 132, 1, 2, 256); }
+  SUBCASE("session 2's tensor-core kernel: 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 3); }
   cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};
   SUBCASE("small dims, element-wise gate") { mla_case(small, 300, 3, 2); }
   cuda::MlaDims nope{4, 16, 8, 24, 32, false, 10000.0, 1e-6f};

@@ -280,7 +280,7 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   ops::pdl_trigger();
   ops::pdl_wait();
   std::int64_t const len = std::int64_t(*a.position) + 1;
-  std::int64_t const chunk = mla_chunk(len, a.splits);
+  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
   std::int64_t const begin = std::int64_t(blockIdx.x) * chunk;
   if (begin >= len) return;
   std::int64_t const end = begin + chunk < len ? begin + chunk : len;
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   ops::pdl_trigger();
   ops::pdl_wait();
   std::int64_t const len = std::int64_t(*a.position) + 1;
-  std::int64_t const chunk = mla_chunk(len, a.splits);
+  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
   int const used = int((len + chunk - 1) / chunk);
   float m = -INFINITY;
   for (int s = tid; s < used; s += blockDim.x) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
@@ -563,33 +563,44 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     }
   });
   check_launch("mla_prepare");
-  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_supported(a.d));
-  require(!mma || mla_mma_supported(a.d), ErrorCode::kUnsupported, "mla decode: the tensor-core kernel needs 32 heads and kv_lora_rank 512");
+  bool const q16 = reinterpret_cast<std::uintptr_t>(a.q_hat) % 16 == 0;
+  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_fits(a.d) && q16);
+  bool const mma_v1 = a.kernel == 3;
+  require(!(mma || mma_v1) || mla_mma_supported(a.d), ErrorCode::kUnsupported,
+          "mla decode: the tensor-core kernel needs 32 heads and kv_lora_rank 512");
+  require(!mma || mla_mma_fits(a.d), ErrorCode::kUnsupported, "mla decode: the tensor-core kernel needs kv_lora_rank + qk_rope_head_dim <= 576");
+  require(!mma || q16, ErrorCode::kInvalidArgument, "mla decode: the tensor-core kernel needs q_hat 16-byte aligned");
+  MlaDecodeArgs b = a;  // the split size the attention and the combine agree on
+  b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
   if (mma) {
     std::size_t smem = mla_mma_smem(a.d);
     ops::allow_smem(mla_attend_mma_kernel, smem);
-    ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, a);
+    ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, b);
+  } else if (mma_v1) {
+    std::size_t smem = mla_mma_v1_smem(a.d);
+    ops::allow_smem(mla_attend_mma_v1_kernel, smem);
+    ops::launch(mla_attend_mma_v1_kernel, unsigned(a.splits), 256, smem, st, b);
   } else {
-  int const hpt = mla_heads_per_thread(a.d);
-  int threads = (a.d.rank / 4) * (a.d.heads / hpt);
-  threads = (threads + 31) / 32 * 32;
-  std::size_t smem = mla_attend_smem(a.d);
-  auto launch = [&](auto kernel) {
-    ops::allow_smem(kernel, smem);
-    ops::launch(kernel, unsigned(a.splits), unsigned(threads), smem, st, a);
-  };
-  switch (hpt) {
-    case 1: launch(mla_attend_kernel<1>); break;
-    case 2: launch(mla_attend_kernel<2>); break;
-    case 4: launch(mla_attend_kernel<4>); break;
-    case 8: launch(mla_attend_kernel<8>); break;
-    default: launch(mla_attend_kernel<16>); break;
-  }
+    int const hpt = mla_heads_per_thread(a.d);
+    int threads = (a.d.rank / 4) * (a.d.heads / hpt);
+    threads = (threads + 31) / 32 * 32;
+    std::size_t smem = mla_attend_smem(a.d);
+    auto launch = [&](auto kernel) {
+      ops::allow_smem(kernel, smem);
+      ops::launch(kernel, unsigned(a.splits), unsigned(threads), smem, st, b);
+    };
+    switch (hpt) {
+      case 1: launch(mla_attend_kernel<1>); break;
+      case 2: launch(mla_attend_kernel<2>); break;
+      case 4: launch(mla_attend_kernel<4>); break;
+      case 8: launch(mla_attend_kernel<8>); break;
+      default: launch(mla_attend_kernel<16>); break;
+    }
   }
   check_launch("mla_attend");
   std::size_t const combine_smem = sizeof(float) * std::size_t(a.splits > 0 ? a.splits : 1);
   ops::allow_smem(mla_combine_kernel, combine_smem);
-  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, combine_smem, st, a);
+  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, combine_smem, st, b);
   check_launch("mla_combine");
   bool const uv_vec = vec && reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
   ops::dispatch_format(a.kv_b.format, [&](auto f) {

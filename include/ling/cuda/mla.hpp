@@ -38,15 +38,18 @@ struct MlaDecodeArgs {
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
   int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores
+                              // (3: session 2's tensor-core kernel, one tile in flight, for A/B until measured)
+  int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
 };
 
 // Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens
-// (at least 256, a multiple of the 32-token tile); splits past the end do nothing.
-inline constexpr int kMlaTile = 32;        // tokens per shared-memory tile
-inline constexpr int kMlaMinChunk = 256;   // tokens per split at least
-LING_HOST_DEVICE inline std::int64_t mla_chunk(std::int64_t len, int splits) {
+// (at least `min_chunk`, a multiple of the 32-token tile); splits past the end do nothing.
+inline constexpr int kMlaTile = 32;          // tokens per shared-memory tile
+inline constexpr int kMlaMinChunk = 256;     // CUDA-core kernel: tokens per split at least
+inline constexpr int kMlaMmaMinChunk = 64;   // pipelined tensor-core kernel: short contexts still spread over the SMs
+LING_HOST_DEVICE inline std::int64_t mla_chunk(std::int64_t len, int splits, int min_chunk) {
   std::int64_t c = (len + splits - 1) / splits;
-  if (c < kMlaMinChunk) c = kMlaMinChunk;
+  if (c < min_chunk) c = min_chunk;
   return (c + kMlaTile - 1) / kMlaTile * kMlaTile;
 }
 

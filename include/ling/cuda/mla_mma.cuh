@@ -42,13 +42,14 @@ inline constexpr int kMmaHeads = 32, kMmaRank = 512, kMmaTile = 32;
 inline bool mla_mma_supported(MlaDims const& d) {
   return d.heads == kMmaHeads && d.rank == kMmaRank && d.latent() % 16 == 0;
 }
-inline std::size_t mla_mma_smem(MlaDims const& d) {
+inline std::size_t mla_mma_v1_smem(MlaDims const& d) {
   std::size_t const Lp = std::size_t(d.latent() + 8);
   return 2 * (kMmaHeads * Lp + 2 * kMmaTile * Lp) + 4 * kMmaHeads * (kMmaTile + 1) + 2 * kMmaHeads * (kMmaTile + 8) +
          4 * 3 * kMmaHeads;
 }
 
-__global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
+// Session 2's kernel (LING_MLA_KERNEL=3, kept for one A/B): one tile in flight, one score chain of latent/16 MMAs.
+__global__ void __launch_bounds__(256, 1) mla_attend_mma_v1_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
   int const L = a.d.latent(), Lp = L + 8, r = a.d.rank;
@@ -64,7 +65,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   ops::pdl_trigger();
   ops::pdl_wait();
   std::int64_t const len = std::int64_t(*a.position) + 1;
-  std::int64_t const chunk = mla_chunk(len, a.splits);
+  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
   std::int64_t const begin = std::int64_t(blockIdx.x) * chunk;
   if (begin >= len) return;
   std::int64_t const end = begin + chunk < len ? begin + chunk : len;
@@ -178,6 +179,240 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   if (tid < H) {
     a.part_ml[(std::int64_t(blockIdx.x) * H + tid) * 2] = mrun[tid];
     a.part_ml[(std::int64_t(blockIdx.x) * H + tid) * 2 + 1] = lrun[tid];
+  }
+}
+
+// ---- pipelined tensor-core attention (default) -----------------------------------------------------------------
+// The same products and split/combine contract as the kernel above, restructured for latency and shared-memory
+// traffic (session 12: the old kernel took ~3 µs per 32-token tile, 27 µs per layer at context 4096 on 17 blocks):
+//  - kMlaStages tile buffers: tile it + kMlaStages − 1 is requested when tile it is about to be computed (one
+//    cp.async group per tile, the ring buffer freed by the barrier at the top of the iteration), so ~110 KB per SM
+//    are in flight instead of one 37 KB tile;
+//  - scores split over the latent dimension: warp (kq, nh) holds Q̂'s A fragments of its quarter of the k-steps for
+//    all 32 heads in registers (loaded once), and multiplies them with tokens [16 nh, 16 nh + 16) of the tile; the four
+//    quarters' partial scores meet in shared memory. The old mapping (warp = 16 heads × 8 tokens over all of k)
+//    reloaded Q̂ from shared memory four times per tile (147 of its ~260 KB of shared-memory reads per tile);
+//  - the online softmax keeps each head's running max and sum in registers of the 8 lanes that own it (4 tokens
+//    per lane, 3 shuffle rounds per reduction for 4 heads at once); only the rescale factors go through shared memory;
+//  - splits of at least kMlaMmaMinChunk tokens, so short contexts use most SMs (the old minimum of 256 put a
+//    context of 4096 on 17 blocks of 8 tiles each).
+inline constexpr int kMlaStages = 4;
+inline constexpr int kMlaKq = 9;        // k-steps (16 latent values) per quarter: latent ≤ 576
+inline constexpr int kMlaSp = 36;       // partial-score row stride (floats; float4 reads)
+
+inline bool mla_mma_fits(MlaDims const& d) { return mla_mma_supported(d) && d.latent() <= 4 * 16 * kMlaKq; }
+
+// Shared memory: Q̂ (bf16, read once into registers; its region then holds the partial scores), the tile ring, P and
+// the rescale factors: 189.6 KB at Ling's shape. Kept under ~196 KB on purpose: a launch that needs more makes the SM
+// take its largest shared-memory carveout, which measured +0.04 ms per token at context 0 (the partial scores in
+// their own 18 KB region) through the launches that follow (docs/performance.md, session 10 and 12).
+inline std::size_t mla_mma_smem(MlaDims const& d) {
+  std::size_t const Lp = std::size_t(d.latent() + 8);
+  std::size_t const qb = 2 * kMmaHeads * Lp, sb = std::size_t(4) * 4 * kMmaHeads * kMlaSp, q = qb > sb ? qb : sb;
+  return q + 2 * std::size_t(kMlaStages) * kMmaTile * Lp + 2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
+}
+
+__global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
+  using namespace mma_detail;
+  extern __shared__ __align__(16) unsigned char smraw[];
+  int const L = a.d.latent(), Lp = L + 8, r = a.d.rank, KS = L / 16;
+  constexpr int H = kMmaHeads, T = kMmaTile, NS = kMlaStages, Sp = kMlaSp, Pp = T + 8, KQ = kMlaKq;
+  int const qbytes = 2 * H * Lp > 4 * 4 * H * Sp ? 2 * H * Lp : 4 * 4 * H * Sp;
+  std::uint16_t* Qb = reinterpret_cast<std::uint16_t*>(smraw);         // [H][Lp] bf16, until the fragments are loaded
+  float* Sf = reinterpret_cast<float*>(smraw);                          // then [4 quarters][H][Sp] partial scores
+  std::uint16_t* Cb = reinterpret_cast<std::uint16_t*>(smraw + qbytes);  // [NS][T][Lp] bf16
+  std::uint16_t* Pb = Cb + NS * T * Lp;                                 // [H][Pp] probabilities, bf16
+  float* alpha = reinterpret_cast<float*>(Pb + H * Pp);                // [H] this tile's rescale factors
+  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
+  ops::pdl_trigger();
+  ops::pdl_wait();
+  std::int64_t const len = std::int64_t(*a.position) + 1;
+  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
+  std::int64_t const begin = std::int64_t(blockIdx.x) * chunk;
+  if (begin >= len) return;
+  std::int64_t const end = begin + chunk < len ? begin + chunk : len;
+  int const ntiles = int((end - begin + T - 1) / T);
+  int const vec = L / 8;
+  auto load_tile = [&](int it) {  // uncommitted
+    std::uint16_t* dst = Cb + (it % NS) * T * Lp;
+    std::int64_t const t0 = begin + std::int64_t(it) * T;
+    for (int i = tid; i < T * vec; i += 256) {
+      int const row = i / vec, v = i - row * vec;
+      std::int64_t const t = t0 + row < end ? t0 + row : end - 1;  // rows past the split: a valid row, masked by p = 0
+      cp_async16(smem_u32(dst + row * Lp + v * 8), a.cache + t * L + v * 8);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < NS - 1; ++s) {
+    if (s < ntiles) load_tile(s);
+    cp_commit();
+  }
+  {  // Q̂ · qk^-1/2 as bf16, float4 loads in batches of 6 per thread
+    float const scale = rsqrtf(float(a.d.qk()));
+    float4 const* q4 = reinterpret_cast<float4 const*>(a.q_hat);
+    int const n4 = H * L / 4, l4 = L / 4;
+    constexpr int kB = 6;
+    for (int i0 = tid; i0 < n4; i0 += kB * 256) {
+      float4 v[kB];
+#pragma unroll
+      for (int k = 0; k < kB; ++k) v[k] = i0 + k * 256 < n4 ? q4[i0 + k * 256] : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < kB; ++k) {
+        int const i = i0 + k * 256;
+        if (i < n4) {
+          int const h = i / l4, c = (i - h * l4) * 4;
+          std::uint32_t const lo = std::uint32_t(bf16_from_float(v[k].x * scale).bits) |
+                                   (std::uint32_t(bf16_from_float(v[k].y * scale).bits) << 16);
+          std::uint32_t const hi = std::uint32_t(bf16_from_float(v[k].z * scale).bits) |
+                                   (std::uint32_t(bf16_from_float(v[k].w * scale).bits) << 16);
+          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(lo, hi);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // scores: warp -> latent quarter kq (k-steps [KQ kq, KQ kq + KQ) ∩ [0, KS)), tokens [16 nh, 16 nh + 16)
+  int const kq = warp >> 1, nh = warp & 1;
+  unsigned qf[2][KQ][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int k = 0; k < KQ; ++k) {
+      int const ks = kq * KQ + k;
+      if (ks < KS) {
+        ldsm_x4(smem_u32(Qb + (m * 16 + (lane & 15)) * Lp + ks * 16 + (lane >> 4) * 8), qf[m][k]);
+      } else {
+        qf[m][k][0] = qf[m][k][1] = qf[m][k][2] = qf[m][k][3] = 0u;
+      }
+    }
+  // softmax ownership: head sh = 4 warp + lane / 8, tokens 4 (lane % 8) .. +3 of each tile
+  int const sh = warp * 4 + (lane >> 3), sj = (lane & 7) * 4;
+  float m_run = -INFINITY, l_run = 0.f;
+  float acc[2][8][4];
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  for (int it = 0; it < ntiles; ++it) {
+    cp_wait<NS - 2>();  // tile it has landed (this thread's copies)
+    __syncthreads();    // everyone's copies; every warp is done with tile it − 1, whose buffer is refilled now (and,
+                        // before the first tile, with Q̂'s region, which the partial scores overwrite)
+    if (it + NS - 1 < ntiles) load_tile(it + NS - 1);
+    cp_commit();
+    std::uint16_t const* Cc = Cb + (it % NS) * T * Lp;
+    std::int64_t const t0 = begin + std::int64_t(it) * T;
+    int const n = int(end - t0 < T ? end - t0 : T);
+    {  // partial scores of quarter kq: c[m][nt] = Q̂[16 m .. +16) · C[16 nh + 8 nt .. +8)ᵀ over its k-steps
+      float c[2][2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) c[m][j][e] = 0.f;
+      // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
+      unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int k = 0; k < KQ; ++k) {
+        int const ks = kq * KQ + k;
+        if (ks < KS) {
+          unsigned b[4];
+          ldsm_x4(ca + 32u * unsigned(ks), b);
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
+            mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
+          }
+        }
+      }
+      float* sq = Sf + kq * H * Sp;
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          int const h0 = m * 16 + g, tt = nh * 16 + j * 8 + tg * 2;
+          *reinterpret_cast<float2*>(sq + h0 * Sp + tt) = make_float2(c[m][j][0], c[m][j][1]);
+          *reinterpret_cast<float2*>(sq + (h0 + 8) * Sp + tt) = make_float2(c[m][j][2], c[m][j][3]);
+        }
+    }
+    __syncthreads();
+    {  // online softmax of head sh over this tile (the quarters summed in a fixed order)
+      float4 const p0 = *reinterpret_cast<float4 const*>(Sf + 0 * H * Sp + sh * Sp + sj);
+      float4 const p1 = *reinterpret_cast<float4 const*>(Sf + 1 * H * Sp + sh * Sp + sj);
+      float4 const p2 = *reinterpret_cast<float4 const*>(Sf + 2 * H * Sp + sh * Sp + sj);
+      float4 const p3 = *reinterpret_cast<float4 const*>(Sf + 3 * H * Sp + sh * Sp + sj);
+      float const sv[4] = {((p0.x + p1.x) + p2.x) + p3.x, ((p0.y + p1.y) + p2.y) + p3.y,
+                           ((p0.z + p1.z) + p2.z) + p3.z, ((p0.w + p1.w) + p2.w) + p3.w};
+      float s[4], mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        s[k] = sj + k < n ? sv[k] : -INFINITY;
+        mx = fmaxf(mx, s[k]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      float const mnew = fmaxf(m_run, mx);
+      float p[4], sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        p[k] = sj + k < n ? __expf(s[k] - mnew) : 0.f;
+        sum += p[k];
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      float const al = __expf(m_run - mnew);
+      l_run = l_run * al + sum;
+      m_run = mnew;
+      std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
+      std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
+      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
+      if ((lane & 7) == 0) alpha[sh] = al;
+    }
+    __syncthreads();
+    {  // O += P C: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        float const a0 = alpha[m * 16 + g], a1 = alpha[m * 16 + g + 8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          acc[m][j][0] *= a0;
+          acc[m][j][1] *= a0;
+          acc[m][j][2] *= a1;
+          acc[m][j][3] *= a1;
+        }
+      }
+#pragma unroll
+      for (int k0 = 0; k0 < T; k0 += 16) {
+        unsigned af[2][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m) ldsm_x4(smem_u32(Pb + (m * 16 + (lane & 15)) * Pp + k0 + (lane >> 4) * 8), af[m]);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          unsigned b0, b1;
+          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
+          mma_bf16(acc[0][j], af[0], b0, b1);
+          mma_bf16(acc[1][j], af[1], b0, b1);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      int const h = m * 16 + g, col = (warp * 8 + j) * 8 + tg * 2;
+      float* o0 = a.part_o + (std::int64_t(blockIdx.x) * H + h) * r + col;
+      float* o1 = a.part_o + (std::int64_t(blockIdx.x) * H + h + 8) * r + col;
+      *reinterpret_cast<float2*>(o0) = make_float2(acc[m][j][0], acc[m][j][1]);
+      *reinterpret_cast<float2*>(o1) = make_float2(acc[m][j][2], acc[m][j][3]);
+    }
+  if ((lane & 7) == 0) {
+    a.part_ml[(std::int64_t(blockIdx.x) * H + sh) * 2] = m_run;
+    a.part_ml[(std::int64_t(blockIdx.x) * H + sh) * 2 + 1] = l_run;
   }
 }
 
