@@ -369,7 +369,6 @@ int main(int argc, char** argv) {
   static MoeVariant const variants[] = {{"_downreg", {{"LING_MOE_DOWN_LANE", "0"}, {nullptr, nullptr}}},
                                         {"_q8u1", {{"LING_MOE_Q8U", "1"}, {nullptr, nullptr}}},
                                         {"_rows2", {{"LING_MOE_LANE_ROWS", "2"}, {nullptr, nullptr}}},
-                                        {"_laneearly", {{"LING_MOE_LANE_EARLY", "1"}, {nullptr, nullptr}}},
                                         {"_issue0", {{"LING_MOE_ISSUE", "0"}, {nullptr, nullptr}}},
                                         {"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
                                         {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},

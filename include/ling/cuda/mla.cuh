@@ -564,11 +564,9 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   });
   check_launch("mla_prepare");
   bool const q16 = reinterpret_cast<std::uintptr_t>(a.q_hat) % 16 == 0;
-  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_fits(a.d) && q16);
-  bool const mma_v1 = a.kernel == 3;
-  require(!(mma || mma_v1) || mla_mma_supported(a.d), ErrorCode::kUnsupported,
-          "mla decode: the tensor-core kernel needs 32 heads and kv_lora_rank 512");
-  require(!mma || mla_mma_fits(a.d), ErrorCode::kUnsupported, "mla decode: the tensor-core kernel needs kv_lora_rank + qk_rope_head_dim <= 576");
+  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_supported(a.d) && q16);
+  require(!mma || mla_mma_supported(a.d), ErrorCode::kUnsupported,
+          "mla decode: the tensor-core kernel needs 32 heads, kv_lora_rank 512 and qk_rope_head_dim a multiple of 16 up to 64");
   require(!mma || q16, ErrorCode::kInvalidArgument, "mla decode: the tensor-core kernel needs q_hat 16-byte aligned");
   MlaDecodeArgs b = a;  // the split size the attention and the combine agree on
   b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
@@ -576,10 +574,6 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     std::size_t smem = mla_mma_smem(a.d);
     ops::allow_smem(mla_attend_mma_kernel, smem);
     ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, b);
-  } else if (mma_v1) {
-    std::size_t smem = mla_mma_v1_smem(a.d);
-    ops::allow_smem(mla_attend_mma_v1_kernel, smem);
-    ops::launch(mla_attend_mma_v1_kernel, unsigned(a.splits), 256, smem, st, b);
   } else {
     int const hpt = mla_heads_per_thread(a.d);
     int threads = (a.d.rank / 4) * (a.d.heads / hpt);

@@ -679,8 +679,7 @@ class CudaModel {
     if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
   }
 
-  // LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one (=3 session 2's tensor-core kernel, for
-  // A/B); unset: automatic.
+  // LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one; unset: automatic.
   static int mla_kernel_choice() {
     static int const k = [] {
       char const* e = std::getenv("LING_MLA_KERNEL");

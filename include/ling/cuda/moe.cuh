@@ -1654,26 +1654,14 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 // kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
 // R: rows per warp (1: up to 20 warps at <= 102 registers; 2: up to 12 warps at <= 170).
 __host__ __device__ constexpr int lane_max_warps(int rows_per_warp) { return rows_per_warp == 1 ? 20 : 12; }
-// Its shared memory: the staged shared-expert input, the limbs and their scales (lane_smem_bytes); with kEarly then
-// (lane_early_offset: 16-byte aligned) the first rows' codes (warps × kU × 32 × 16 bytes) and scale words (× 4 bytes).
+// Its shared memory: the staged shared-expert input, the limbs and their scales.
 __host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int nq) {
   return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
          std::size_t(nq) * sizeof(float);
 }
-__host__ __device__ constexpr std::size_t lane_early_offset(std::int64_t n_sh, int nq) {
-  return (lane_smem_bytes(n_sh, nq) + 15) / 16 * 16;
-}
-//
-// kEarly (LING_MOE_LANE_EARLY=1; one row per warp): each lane's first-row codes and scale bytes are copied into shared
-// memory (cp.async: no registers held; in registers they made the kernel spill) right after the PDL wait, their chunk
-// offsets taken from the ids themselves, so that their DRAM round trip (~4.3 µs with launch B's 10 MB in flight)
-// overlaps the staging and quantization of h (~1.3 µs) instead of following it. The same values and sums: bit-identical
-// outputs. Written in session 11 after a version that copied only the codes measured slower (its scale bytes then took
-// a second round trip after the staging); not yet measured, hence off by default.
-template <class KS, int kU, bool kFull, int R, bool kEarly = false>
+template <class KS, int kU, bool kFull, int R>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
-  static_assert(!kEarly || R == 1, "the early copies hold one row per warp");
   using PS = policy_of<KS>;
   extern __shared__ float4 smem_f4[];
   __shared__ DownSlots s_slots;
@@ -1697,34 +1685,10 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   }
   pdl_wait();
   trace_mark(a.trace_b, 1);
-  // kEarly: chunk u of this lane's first row at slot (warp · kU + u) · 32 + lane of the codes and of the scale words
-  [[maybe_unused]] uint4* const codes =
-      reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f4) + lane_early_offset(n_sh, nq));
-  [[maybe_unused]] std::uint32_t* const sbytes = reinterpret_cast<std::uint32_t*>(codes + W * kU * 32);
-  if constexpr (kEarly) {
-    if (first < rows) {
-      auto const* const d0 = static_cast<char const*>(a.down.data);
-      auto const* const s0 = static_cast<char const*>(a.down.scales);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if (kFull || lane + 32 * u < nq) {
-          int const qq = lane + 32 * u, s = qq / C, j = qq - s * C, e = a.idx[s];
-          bool const ok = e >= 0 && e < a.down.count;  // a bad id reads expert 0 (its weight turns NaN below)
-          int const slot = (warp * kU + u) * 32 + lane;
-          cp_async16(codes + slot, d0 + (ok ? std::int64_t(e) * a.down.data_stride : 0) + first * rb + 16 * j);
-          std::uintptr_t const sa =
-              reinterpret_cast<std::uintptr_t>(s0 + (ok ? std::int64_t(e) * a.down.scale_stride : 0) + first * C + j);
-          cp_async4(sbytes + slot, reinterpret_cast<void const*>(sa & ~std::uintptr_t(3)));
-        }
-      }
-    }
-    cp_async_commit();
-  }
   if (a.has_shared) stage_x4(xs, h + std::int64_t(top_k) * inter, a.sdown.cols, n_sh);
   stage_down_slots<quant::Mxfp4>(s_slots, a);
   e2m1_tables_store(s_tab);
   stage_q8_global(q, sx, h, nq);
-  if constexpr (kEarly) cp_async_wait(0);  // this lane's copies (only it reads them)
   __syncthreads();
   trace_mark(a.trace_b, 2);
 
@@ -1765,15 +1729,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
       if (kFull || lane + 32 * u < nq) {
 #pragma unroll
         for (int n = 0; n < R; ++n) {
-          if constexpr (kEarly) {
-            if (r0 == first) {  // copied before the staging (R == 1)
-              int const slot = (warp * kU + u) * 32 + lane;
-              std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + rr[n] * C + pso[u]);
-              v[u][n] = codes[slot];
-              sc[u][n] = (sbytes[slot] >> (8u * std::uint32_t(sa & 3))) & 0xFFu;
-              continue;
-            }
-          }
           v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
           sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
         }
@@ -1807,12 +1762,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
 inline bool moe_down_lane_on() {
   char const* e = std::getenv("LING_MOE_DOWN_LANE");
   return !(e && *e == '0');
-}
-// LING_MOE_LANE_EARLY=1: the lane kernel copies its first rows' codes and scale bytes before it stages h (kEarly;
-// Ling's 192 chunks, one row per warp). Opt-in until measured.
-inline bool moe_lane_early_on() {
-  char const* e = std::getenv("LING_MOE_LANE_EARLY");
-  return e && *e == '1';
 }
 // LING_MOE_LANE_ROWS=2: two rows per warp (A/B measurements; default one).
 inline int moe_lane_rows() {
@@ -1855,10 +1804,6 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), bytes, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_lane_early_on()) {
-      std::size_t const early = lane_early_offset(n_sh, nq) + std::size_t(warps) * 6 * 32 * (16 + 4);
-      if (go(moe_down_lane_kernel<KS, 6, true, 1, true>, early)) return true;
-    }
     if (R == 2)
       return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>, smem) : go(moe_down_lane_kernel<KS, 8, false, 2>, smem);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>, smem) : go(moe_down_lane_kernel<KS, 8, false, 1>, smem);
