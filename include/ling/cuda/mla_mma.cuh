@@ -151,110 +151,123 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  auto tile_of = [&](int it) { return static_cast<std::uint16_t const*>(Cb + (it % NS) * T * Lp); };
+  auto tile_len = [&](int it) {
+    std::int64_t const t0 = begin + std::int64_t(it) * T;
+    return int(end - t0 < T ? end - t0 : T);
+  };
+  // partial scores of quarter kq: c[m][nt] = Q̂[16 m .. +16) · C[16 nh + 8 nt .. +8)ᵀ over its k-steps -> Sf
+  auto scores = [&](int it) {
+    std::uint16_t const* Cc = tile_of(it);
+    float c[2][2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c[m][j][e] = 0.f;
+    // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
+    unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
+#pragma unroll
+    for (int k = 0; k < KQ; ++k) {
+      int const ks = kq * KQ + k;
+      if (ks < KS) {
+        unsigned b[4];
+        ldsm_x4(ca + 32u * unsigned(ks), b);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
+          mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
+        }
+      }
+    }
+    float* sq = Sf + kq * H * Sp;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        int const h0 = m * 16 + g, tt = nh * 16 + j * 8 + tg * 2;
+        *reinterpret_cast<float2*>(sq + h0 * Sp + tt) = make_float2(c[m][j][0], c[m][j][1]);
+        *reinterpret_cast<float2*>(sq + (h0 + 8) * Sp + tt) = make_float2(c[m][j][2], c[m][j][3]);
+      }
+  };
+  // online softmax of head sh over tile it (the quarters summed in a fixed order): Sf -> Pb, alpha
+  auto softmax = [&](int it) {
+    int const n = tile_len(it);
+    float4 const p0 = *reinterpret_cast<float4 const*>(Sf + 0 * H * Sp + sh * Sp + sj);
+    float4 const p1 = *reinterpret_cast<float4 const*>(Sf + 1 * H * Sp + sh * Sp + sj);
+    float4 const p2 = *reinterpret_cast<float4 const*>(Sf + 2 * H * Sp + sh * Sp + sj);
+    float4 const p3 = *reinterpret_cast<float4 const*>(Sf + 3 * H * Sp + sh * Sp + sj);
+    float const sv[4] = {((p0.x + p1.x) + p2.x) + p3.x, ((p0.y + p1.y) + p2.y) + p3.y,
+                         ((p0.z + p1.z) + p2.z) + p3.z, ((p0.w + p1.w) + p2.w) + p3.w};
+    float s[4], mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      s[k] = sj + k < n ? sv[k] : -INFINITY;
+      mx = fmaxf(mx, s[k]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    float const mnew = fmaxf(m_run, mx);
+    float p[4], sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      p[k] = sj + k < n ? __expf(s[k] - mnew) : 0.f;
+      sum += p[k];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+    float const al = __expf(m_run - mnew);
+    l_run = l_run * al + sum;
+    m_run = mnew;
+    std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
+    std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
+    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
+    if ((lane & 7) == 0) alpha[sh] = al;
+  };
+  // O += P C over tile it: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles
+  auto pv = [&](int it) {
+    std::uint16_t const* Cc = tile_of(it);
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      float const a0 = alpha[m * 16 + g], a1 = alpha[m * 16 + g + 8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        acc[m][j][0] *= a0;
+        acc[m][j][1] *= a0;
+        acc[m][j][2] *= a1;
+        acc[m][j][3] *= a1;
+      }
+    }
+#pragma unroll
+    for (int k0 = 0; k0 < T; k0 += 16) {
+      unsigned af[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) ldsm_x4(smem_u32(Pb + (m * 16 + (lane & 15)) * Pp + k0 + (lane >> 4) * 8), af[m]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        unsigned b0, b1;
+        ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
+        mma_bf16(acc[0][j], af[0], b0, b1);
+        mma_bf16(acc[1][j], af[1], b0, b1);
+      }
+    }
+  };
+  // three phases per tile, each behind a barrier (a software-pipelined order, tile it's P·C beside tile it + 1's
+  // scores with two barriers per tile, measured slower: 228 registers, one tile fewer in flight; docs/kernels.md)
   for (int it = 0; it < ntiles; ++it) {
     cp_wait<NS - 2>();  // tile it has landed (this thread's copies)
     __syncthreads();    // everyone's copies; every warp is done with tile it − 1, whose buffer is refilled now (and,
                         // before the first tile, with Q̂'s region, which the partial scores overwrite)
     if (it + NS - 1 < ntiles) load_tile(it + NS - 1);
     cp_commit();
-    std::uint16_t const* Cc = Cb + (it % NS) * T * Lp;
-    std::int64_t const t0 = begin + std::int64_t(it) * T;
-    int const n = int(end - t0 < T ? end - t0 : T);
-    {  // partial scores of quarter kq: c[m][nt] = Q̂[16 m .. +16) · C[16 nh + 8 nt .. +8)ᵀ over its k-steps
-      float c[2][2][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) c[m][j][e] = 0.f;
-      // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
-      unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
-#pragma unroll
-      for (int k = 0; k < KQ; ++k) {
-        int const ks = kq * KQ + k;
-        if (ks < KS) {
-          unsigned b[4];
-          ldsm_x4(ca + 32u * unsigned(ks), b);
-#pragma unroll
-          for (int m = 0; m < 2; ++m) {
-            mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
-            mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
-          }
-        }
-      }
-      float* sq = Sf + kq * H * Sp;
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          int const h0 = m * 16 + g, tt = nh * 16 + j * 8 + tg * 2;
-          *reinterpret_cast<float2*>(sq + h0 * Sp + tt) = make_float2(c[m][j][0], c[m][j][1]);
-          *reinterpret_cast<float2*>(sq + (h0 + 8) * Sp + tt) = make_float2(c[m][j][2], c[m][j][3]);
-        }
-    }
+    scores(it);
     __syncthreads();
-    {  // online softmax of head sh over this tile (the quarters summed in a fixed order)
-      float4 const p0 = *reinterpret_cast<float4 const*>(Sf + 0 * H * Sp + sh * Sp + sj);
-      float4 const p1 = *reinterpret_cast<float4 const*>(Sf + 1 * H * Sp + sh * Sp + sj);
-      float4 const p2 = *reinterpret_cast<float4 const*>(Sf + 2 * H * Sp + sh * Sp + sj);
-      float4 const p3 = *reinterpret_cast<float4 const*>(Sf + 3 * H * Sp + sh * Sp + sj);
-      float const sv[4] = {((p0.x + p1.x) + p2.x) + p3.x, ((p0.y + p1.y) + p2.y) + p3.y,
-                           ((p0.z + p1.z) + p2.z) + p3.z, ((p0.w + p1.w) + p2.w) + p3.w};
-      float s[4], mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        s[k] = sj + k < n ? sv[k] : -INFINITY;
-        mx = fmaxf(mx, s[k]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      float const mnew = fmaxf(m_run, mx);
-      float p[4], sum = 0.f;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        p[k] = sj + k < n ? __expf(s[k] - mnew) : 0.f;
-        sum += p[k];
-      }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-      float const al = __expf(m_run - mnew);
-      l_run = l_run * al + sum;
-      m_run = mnew;
-      std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
-      std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
-      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
-      if ((lane & 7) == 0) alpha[sh] = al;
-    }
+    softmax(it);
     __syncthreads();
-    {  // O += P C: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        float const a0 = alpha[m * 16 + g], a1 = alpha[m * 16 + g + 8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          acc[m][j][0] *= a0;
-          acc[m][j][1] *= a0;
-          acc[m][j][2] *= a1;
-          acc[m][j][3] *= a1;
-        }
-      }
-#pragma unroll
-      for (int k0 = 0; k0 < T; k0 += 16) {
-        unsigned af[2][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m) ldsm_x4(smem_u32(Pb + (m * 16 + (lane & 15)) * Pp + k0 + (lane >> 4) * 8), af[m]);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          unsigned b0, b1;
-          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
-          mma_bf16(acc[0][j], af[0], b0, b1);
-          mma_bf16(acc[1][j], af[1], b0, b1);
-        }
-      }
-    }
+    pv(it);
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
