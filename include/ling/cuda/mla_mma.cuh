@@ -144,13 +144,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   // softmax ownership: head sh = 4 warp + lane / 8, tokens 4 (lane % 8) .. +3 of each tile
   int const sh = warp * 4 + (lane >> 3), sj = (lane & 7) * 4;
   float m_run = -INFINITY, l_run = 0.f;
-  float acc[2][8][4];
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[m][j][e] = 0.f;
+  float acc[2][8][4] = {};
   auto tile_of = [&](int it) { return static_cast<std::uint16_t const*>(Cb + (it % NS) * T * Lp); };
   auto tile_len = [&](int it) {
     std::int64_t const t0 = begin + std::int64_t(it) * T;
@@ -159,13 +153,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   // partial scores of quarter kq: c[m][nt] = Q̂[16 m .. +16) · C[16 nh + 8 nt .. +8)ᵀ over its k-steps -> Sf
   auto scores = [&](int it) {
     std::uint16_t const* Cc = tile_of(it);
-    float c[2][2][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) c[m][j][e] = 0.f;
+    float c[2][2][4] = {};
     // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
     unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
 #pragma unroll
