@@ -90,6 +90,12 @@ if [ $BENCH = 1 ]; then
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
+    # A/B at the long contexts: session 12's leaner MLA attention instance (opt-in, not yet measured); LING_LONG_VARIANTS
+    # overrides, in the same format
+    for v in ${LING_LONG_VARIANTS:-LING_MLA_LEAN=1}; do
+      { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights \
+          --contexts 4096,32768,131072 --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
+    done
   fi
 fi
 

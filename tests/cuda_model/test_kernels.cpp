@@ -180,7 +180,14 @@ void rope_ref(float* x, int dim, std::int64_t pos, double theta) {  // as cpu::r
 }
 // kernel 1: CUDA-core attention (fp32 scores, tolerance 1e-4); kernel 2: tensor cores (bf16 Q̂ and P, 1e-2).
 // min_chunk 0: the kernel's default split size.
-void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0) {
+// lean (tensor cores): 0 the default instance, 1 the one with fewer instructions per tile (LING_MLA_LEAN=1); -1 both.
+void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0,
+              int lean = -1) {
+  if (kernel == 2 && lean < 0) {
+    mla_case(d, pos, splits, gate_mode, kernel, min_chunk, 0);
+    mla_case(d, pos, splits, gate_mode, kernel, min_chunk, 1);
+    return;
+  }
   int const H = d.heads, L = d.latent(), r = d.rank;
   std::vector<float> deq;
   auto kvb = make_matrix(MatFormat::kFp8Block, randn(std::size_t(H) * (d.nope + d.v) * r, 0.05f), std::int64_t(H) * (d.nope + d.v), r, &deq);
@@ -188,7 +195,7 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   std::vector<std::uint16_t> cache(std::size_t(pos * L));
   for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
   auto gate = randn(std::size_t(gate_mode == 2 ? H * d.v : H));
-  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk);
+  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk, lean < 0 ? 0 : lean);
   // reference (double where it matters): new row, q̂, attention over pos+1 rows, W_UV, gate
   std::vector<float> row(static_cast<std::size_t>(L));
   double ss = 0;
@@ -238,7 +245,7 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   CHECK(rel_l2(got.q_hat, qhat_ref) < 1e-5);
   double const err = rel_l2(got.out, out);
   MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << " min chunk " << min_chunk
-                         << ": rel L2 " << err);
+                         << " lean " << lean << ": rel L2 " << err);
   CHECK(err < (kernel == 2 ? 1e-2 : 1e-4));
 }
 }  // namespace

@@ -26,6 +26,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned const (&a)[4], 
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// {lo, hi} rounded to bf16 (RNE) in one register, lo in the low half (cvt.rn.bf16x2.f32 takes the high value first)
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
 __device__ __forceinline__ void cp_async16(unsigned dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
 }
@@ -53,6 +59,7 @@ inline constexpr int kMmaHeads = 32, kMmaRank = 512, kMmaTile = 32;
 inline constexpr int kMlaStages = 4;
 inline constexpr int kMlaKq = 9;        // k-steps (16 latent values) per quarter: latent ≤ 576
 inline constexpr int kMlaSp = 36;       // partial-score row stride (floats; float4 reads)
+inline constexpr int kMlaCopies = (kMmaTile * 4 * 16 * kMlaKq / 8 + 255) / 256;  // 16-byte copies per thread per tile
 
 inline bool mla_mma_supported(MlaDims const& d) {
   return d.heads == kMmaHeads && d.rank == kMmaRank && d.latent() % 16 == 0 && d.latent() <= 4 * 16 * kMlaKq;
@@ -68,6 +75,14 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
   return q + 2 * std::size_t(kMlaStages) * kMmaTile * Lp + 2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
 }
 
+// kLean (opt-in, LING_MLA_LEAN=1; written in session 12 after the device time ran out, not yet run): fewer instructions
+// per tile for the same sums. The SASS of the default instance (cuobjdump, nvcc 13.0) has ~800 instructions per warp
+// per tile, ~370 of them in the tile copies (a division, a 64-bit clamp and 64-bit addresses per 16-byte copy), and the
+// kernel has 2 warps per scheduler, so it is latency- and issue-bound (~2 µs per tile measured). kLean:
+//  - copies a whole tile from per-thread shared-memory offsets computed once and immediate source offsets;
+//  - runs the score k-steps without a predicate (and its WARPSYNC per MMA) when the latent fills the 4 quarters;
+//  - rounds P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE).
+template <bool kLean>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -89,9 +104,29 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   std::int64_t const end = begin + chunk < len ? begin + chunk : len;
   int const ntiles = int((end - begin + T - 1) / T);
   int const vec = L / 8;
+  // kLean: copy k of this thread is 16-byte piece tid + 256 k of a tile, whose shared-memory offset is the same
+  // in every tile (computed once), and whose source is that piece of the tile's contiguous span of T · L values
+  [[maybe_unused]] int soff[kMlaCopies];
+  [[maybe_unused]] bool const kfull = KS == 4 * KQ;  // kLean: every warp has all KQ k-steps
+  if constexpr (kLean) {
+#pragma unroll
+    for (int k = 0; k < kMlaCopies; ++k) {
+      int const i = tid + 256 * k, row = i / vec, v = i - row * vec;
+      soff[k] = i < T * vec ? row * Lp + v * 8 : -1;
+    }
+  }
   auto load_tile = [&](int it) {  // uncommitted
     std::uint16_t* dst = Cb + (it % NS) * T * Lp;
     std::int64_t const t0 = begin + std::int64_t(it) * T;
+    if constexpr (kLean) {
+      if (t0 + T <= end) {  // a whole tile (all but possibly a split's last)
+        std::uint16_t const* src = a.cache + t0 * L + 8 * tid;
+#pragma unroll
+        for (int k = 0; k < kMlaCopies; ++k)
+          if (soff[k] >= 0) cp_async16(smem_u32(dst + soff[k]), src + 2048 * k);
+        return;
+      }
+    }
     for (int i = tid; i < T * vec; i += 256) {
       int const row = i / vec, v = i - row * vec;
       std::int64_t const t = t0 + row < end ? t0 + row : end - 1;  // rows past the split: a valid row, masked by p = 0
@@ -156,18 +191,22 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     float c[2][2][4] = {};
     // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
     unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
+    auto kstep = [&](int k) {
+      unsigned b[4];
+      ldsm_x4(ca + 32u * unsigned(kq * KQ + k), b);
 #pragma unroll
-    for (int k = 0; k < KQ; ++k) {
-      int const ks = kq * KQ + k;
-      if (ks < KS) {
-        unsigned b[4];
-        ldsm_x4(ca + 32u * unsigned(ks), b);
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
-          mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
-        }
+      for (int m = 0; m < 2; ++m) {
+        mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
+        mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
       }
+    };
+    if (kLean && kfull) {
+#pragma unroll
+      for (int k = 0; k < KQ; ++k) kstep(k);
+    } else {
+#pragma unroll
+      for (int k = 0; k < KQ; ++k)
+        if (kq * KQ + k < KS) kstep(k);
     }
     float* sq = Sf + kq * H * Sp;
 #pragma unroll
@@ -210,9 +249,13 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     float const al = __expf(m_run - mnew);
     l_run = l_run * al + sum;
     m_run = mnew;
-    std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
-    std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
-    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
+    if constexpr (kLean) {
+      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
+    } else {
+      std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
+      std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
+      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
+    }
     if ((lane & 7) == 0) alpha[sh] = al;
   };
   // O += P C over tile it: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles

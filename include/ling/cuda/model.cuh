@@ -627,7 +627,7 @@ class CudaModel {
         ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-        ma.kernel = mla_kernel_choice(), ma.min_chunk = mla_min_chunk_choice();
+        ma.kernel = mla_kernel_choice(), ma.min_chunk = mla_min_chunk_choice(), ma.mma_lean = mla_lean_choice();
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -683,6 +683,14 @@ class CudaModel {
   static int mla_kernel_choice() {
     static int const k = [] {
       char const* e = std::getenv("LING_MLA_KERNEL");
+      return e ? std::atoi(e) : 0;
+    }();
+    return k;
+  }
+  // LING_MLA_LEAN=1: the tensor-core attention's instance with fewer instructions per tile (opt-in until measured).
+  static int mla_lean_choice() {
+    static int const k = [] {
+      char const* e = std::getenv("LING_MLA_LEAN");
       return e ? std::atoi(e) : 0;
     }();
     return k;
