@@ -84,9 +84,10 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0: session 10's router rows in MoE launch A against the router's own launch; LING_MOE_VARIANTS
-    # overrides: variants are separated by spaces, the settings of one variant by commas
-    for v in ${LING_MOE_VARIANTS:-LING_ROUTER_IN_A=0}; do
+    # A/B at context 0: session 10's router rows in MoE launch A against the router's own launch, and launch A's
+    # biased lookup (slower in session 7, when the kernel was 11 K SASS instructions; 6.4 K since session 8);
+    # LING_MOE_VARIANTS overrides: variants are separated by spaces, the settings of one variant by commas
+    for v in ${LING_MOE_VARIANTS:-LING_ROUTER_IN_A=0 LING_MOE_Q8U=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
