@@ -354,6 +354,18 @@ TEST_CASE("fused MoE (MXFP4 routed + FP8 shared, clamps) matches a double refere
   CHECK(rel_l2(got, ref) < 1e-4);
 }
 
+TEST_CASE("MLA decode refuses the tensor-core attention for a shape it does not cover, naming what it needs") {
+  LING_REQUIRE_GPU();
+  cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};  // 4 heads, kv_lora_rank 32
+  try {
+    mla_case(small, 10, 2, 1, 2);
+    FAIL("the tensor-core attention accepted 4 heads");
+  } catch (ling::Error const& e) {
+    CHECK(e.code() == ling::ErrorCode::kUnsupported);
+    CHECK(std::string(e.what()).find("32 heads") != std::string::npos);
+  }
+}
+
 TEST_CASE("MoE refuses routed experts whose rows are not whole 16-byte chunks, naming the sizes") {
   LING_REQUIRE_GPU();
   std::int64_t const E = 3, I = 40, hidden = 64;  // FP8 down rows of 40 bytes
