@@ -81,7 +81,8 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
 // kernel has 2 warps per scheduler, so it is latency- and issue-bound (~2 µs per tile measured). kLean:
 //  - copies a whole tile from per-thread shared-memory offsets computed once and immediate source offsets;
 //  - runs the score k-steps without a predicate (and its WARPSYNC per MMA) when the latent fills the 4 quarters;
-//  - rounds P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE).
+//  - rounds Q̂ (once per block) and P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE; a NaN
+//    stays a NaN, in the canonical pattern).
 template <bool kLean>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
@@ -152,11 +153,16 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
         int const i = i0 + k * 256;
         if (i < n4) {
           int const h = i / l4, c = (i - h * l4) * 4;
-          std::uint32_t const lo = std::uint32_t(bf16_from_float(v[k].x * scale).bits) |
-                                   (std::uint32_t(bf16_from_float(v[k].y * scale).bits) << 16);
-          std::uint32_t const hi = std::uint32_t(bf16_from_float(v[k].z * scale).bits) |
-                                   (std::uint32_t(bf16_from_float(v[k].w * scale).bits) << 16);
-          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(lo, hi);
+          if constexpr (kLean) {
+            *reinterpret_cast<uint2*>(Qb + h * Lp + c) =
+                make_uint2(pack_bf16x2(v[k].x * scale, v[k].y * scale), pack_bf16x2(v[k].z * scale, v[k].w * scale));
+          } else {
+            std::uint32_t const lo = std::uint32_t(bf16_from_float(v[k].x * scale).bits) |
+                                     (std::uint32_t(bf16_from_float(v[k].y * scale).bits) << 16);
+            std::uint32_t const hi = std::uint32_t(bf16_from_float(v[k].z * scale).bits) |
+                                     (std::uint32_t(bf16_from_float(v[k].w * scale).bits) << 16);
+            *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(lo, hi);
+          }
         }
       }
     }
