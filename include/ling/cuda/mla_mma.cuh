@@ -26,11 +26,17 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned const (&a)[4], 
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// {lo, hi} rounded to bf16 (RNE) in one register, lo in the low half (cvt.rn.bf16x2.f32 takes the high value first)
+// {lo, hi} rounded to bf16 (RNE) in one register, lo in the low half: kHw by one cvt.rn.bf16x2.f32 (which takes the
+// high value first; a NaN becomes the canonical one), else by bf16_from_float (a NaN keeps its payload, quieted)
+template <bool kHw>
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  unsigned d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
+  if constexpr (kHw) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+  } else {
+    return unsigned(bf16_from_float(lo).bits) | (unsigned(bf16_from_float(hi).bits) << 16);
+  }
 }
 __device__ __forceinline__ void cp_async16(unsigned dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
@@ -69,10 +75,15 @@ inline bool mla_mma_supported(MlaDims const& d) {
 // the rescale factors: 189.6 KB at Ling's shape. Kept under ~196 KB on purpose: a launch that needs more makes the SM
 // take its largest shared-memory carveout, which measured +0.04 ms per token at context 0 (the partial scores in
 // their own 18 KB region) through the launches that follow (docs/performance.md, sessions 10 and 12).
+// Bytes of the first region: Q̂ in bf16 rows of Lp, then the four quarters' partial scores.
+LING_HOST_DEVICE inline int mla_mma_q_bytes(int Lp) {
+  int const qb = 2 * kMmaHeads * Lp, sb = 4 * 4 * kMmaHeads * kMlaSp;
+  return qb > sb ? qb : sb;
+}
 inline std::size_t mla_mma_smem(MlaDims const& d) {
   std::size_t const Lp = std::size_t(d.latent() + 8);
-  std::size_t const qb = 2 * kMmaHeads * Lp, sb = std::size_t(4) * 4 * kMmaHeads * kMlaSp, q = qb > sb ? qb : sb;
-  return q + 2 * std::size_t(kMlaStages) * kMmaTile * Lp + 2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
+  return std::size_t(mla_mma_q_bytes(int(Lp))) + 2 * std::size_t(kMlaStages) * kMmaTile * Lp +
+         2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
 }
 
 // kLean (opt-in, LING_MLA_LEAN=1; written in session 12 after the device time ran out, not yet run): fewer instructions
@@ -89,7 +100,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   extern __shared__ __align__(16) unsigned char smraw[];
   int const L = a.d.latent(), Lp = L + 8, r = a.d.rank, KS = L / 16;
   constexpr int H = kMmaHeads, T = kMmaTile, NS = kMlaStages, Sp = kMlaSp, Pp = T + 8, KQ = kMlaKq;
-  int const qbytes = 2 * H * Lp > 4 * 4 * H * Sp ? 2 * H * Lp : 4 * 4 * H * Sp;
+  int const qbytes = mla_mma_q_bytes(Lp);
   std::uint16_t* Qb = reinterpret_cast<std::uint16_t*>(smraw);         // [H][Lp] bf16, until the fragments are loaded
   float* Sf = reinterpret_cast<float*>(smraw);                          // then [4 quarters][H][Sp] partial scores
   std::uint16_t* Cb = reinterpret_cast<std::uint16_t*>(smraw + qbytes);  // [NS][T][Lp] bf16
@@ -153,16 +164,8 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
         int const i = i0 + k * 256;
         if (i < n4) {
           int const h = i / l4, c = (i - h * l4) * 4;
-          if constexpr (kLean) {
-            *reinterpret_cast<uint2*>(Qb + h * Lp + c) =
-                make_uint2(pack_bf16x2(v[k].x * scale, v[k].y * scale), pack_bf16x2(v[k].z * scale, v[k].w * scale));
-          } else {
-            std::uint32_t const lo = std::uint32_t(bf16_from_float(v[k].x * scale).bits) |
-                                     (std::uint32_t(bf16_from_float(v[k].y * scale).bits) << 16);
-            std::uint32_t const hi = std::uint32_t(bf16_from_float(v[k].z * scale).bits) |
-                                     (std::uint32_t(bf16_from_float(v[k].w * scale).bits) << 16);
-            *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(lo, hi);
-          }
+          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(pack_bf16x2<kLean>(v[k].x * scale, v[k].y * scale),
+                                                                  pack_bf16x2<kLean>(v[k].z * scale, v[k].w * scale));
         }
       }
     }
@@ -255,13 +258,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     float const al = __expf(m_run - mnew);
     l_run = l_run * al + sum;
     m_run = mnew;
-    if constexpr (kLean) {
-      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
-    } else {
-      std::uint32_t const lo = std::uint32_t(bf16_from_float(p[0]).bits) | (std::uint32_t(bf16_from_float(p[1]).bits) << 16);
-      std::uint32_t const hi = std::uint32_t(bf16_from_float(p[2]).bits) | (std::uint32_t(bf16_from_float(p[3]).bits) << 16);
-      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(lo, hi);
-    }
+    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2<kLean>(p[0], p[1]), pack_bf16x2<kLean>(p[2], p[3]));
     if ((lane & 7) == 0) alpha[sh] = al;
   };
   // O += P C over tile it: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles

@@ -627,7 +627,7 @@ class CudaModel {
         ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-        ma.kernel = mla_kernel_choice(), ma.min_chunk = mla_min_chunk_choice(), ma.mma_lean = mla_lean_choice();
+        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.mma_lean = mla_env().lean;
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -679,29 +679,22 @@ class CudaModel {
     if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
   }
 
-  // LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one; unset: automatic.
-  static int mla_kernel_choice() {
-    static int const k = [] {
-      char const* e = std::getenv("LING_MLA_KERNEL");
-      return e ? std::atoi(e) : 0;
+  // The MLA attention's switches, read once (unset: 0, the automatic choice):
+  //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one;
+  //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
+  //  LING_MLA_LEAN=1: the tensor-core attention's instance with fewer instructions per tile (opt-in until measured).
+  struct MlaEnv {
+    int kernel = 0, min_chunk = 0, lean = 0;
+  };
+  static MlaEnv const& mla_env() {
+    static MlaEnv const e = [] {
+      auto read = [](char const* name) {
+        char const* v = std::getenv(name);
+        return v ? std::atoi(v) : 0;
+      };
+      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_LEAN")};
     }();
-    return k;
-  }
-  // LING_MLA_LEAN=1: the tensor-core attention's instance with fewer instructions per tile (opt-in until measured).
-  static int mla_lean_choice() {
-    static int const k = [] {
-      char const* e = std::getenv("LING_MLA_LEAN");
-      return e ? std::atoi(e) : 0;
-    }();
-    return k;
-  }
-  // LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size); unset: the kernel's default.
-  static int mla_min_chunk_choice() {
-    static int const k = [] {
-      char const* e = std::getenv("LING_MLA_MIN_CHUNK");
-      return e ? std::max(0, std::atoi(e)) : 0;
-    }();
-    return k;
+    return e;
   }
 
   void drop_graph() {

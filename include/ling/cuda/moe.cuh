@@ -1795,18 +1795,16 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
     warps = warps < 4 ? 4 : warps > lane_max_warps(R) ? lane_max_warps(R) : warps;
     std::int64_t const want = (tasks + warps - 1) / warps;
     int const blocks = int(want < sm_count() ? want : sm_count());
-    auto go = [&](auto kernel, std::size_t bytes) {
-      if (bytes > std::size_t(smem_optin_bytes())) return false;
-      if (bytes > 48 * 1024) {
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
+    auto go = [&](auto kernel) {
+      if (smem > 48 * 1024) {
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
         if (err != cudaSuccess) return true;
       }
-      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), bytes, stream, a, h, residual, out);
+      err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 2)
-      return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>, smem) : go(moe_down_lane_kernel<KS, 8, false, 2>, smem);
-    return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>, smem) : go(moe_down_lane_kernel<KS, 8, false, 1>, smem);
+    if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
+    return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
 }
 
