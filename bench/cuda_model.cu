@@ -92,16 +92,14 @@ void BM_MlaDecode(benchmark::State& st) {
   a.cache = cache.data<std::uint16_t>(), a.max_ctx = ctx + 1, a.position = pos.data<std::int32_t>();
   a.q_hat = qhat.data<float>(), a.splits = sms, a.part_o = po.data<float>(), a.part_ml = pml.data<float>(), a.o_lat = olat.data<float>();
   a.kernel = int(st.range(1));    // 1 CUDA cores, 2 tensor cores
-  a.mma_lean = int(st.range(2));  // tensor cores: 1 the instance with fewer instructions per tile (opt-in)
   double bytes = double(ctx + 1) * L * 2 + double(kvb.bytes());
   time_loop(st, bytes, [&] { mla_decode(a, gate.data<float>(), 1, out.data<float>()); });
 }
 
 BENCHMARK(BM_KdaStep)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MlaDecode)
-    ->ArgsProduct({{4096, 32768, 131072}, {1}, {0}})
-    ->ArgsProduct({{4096, 32768, 131072}, {2}, {0, 1}})
-    ->ArgNames({"ctx", "kernel", "lean"})
+    ->ArgsProduct({{4096, 32768, 131072}, {1, 2}})
+    ->ArgNames({"ctx", "kernel"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -84,16 +84,16 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0: session 10's router rows in MoE launch A against the router's own launch, and launch A's
-    # biased lookup (slower in session 7, when the kernel was 11 K SASS instructions; 6.4 K since session 8);
-    # LING_MOE_VARIANTS overrides: variants are separated by spaces, the settings of one variant by commas
-    for v in ${LING_MOE_VARIANTS:-LING_ROUTER_IN_A=0 LING_MOE_Q8U=1}; do
+    # A/B at context 0 (one binary): session 13's changes against their off switches: the KDA step's state loaded
+    # after its PDL wait, the lane matvec always with two register sets, and the projections on one register set at
+    # 4 blocks per SM. LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by
+    # commas; "X=1" is the default build's run.
+    for v in ${LING_CTX0_VARIANTS:-LING_KDA_EARLY=0 LING_MATVEC_ONE=0 LING_MATVEC_ONE=2 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
-    # A/B at the long contexts: session 12's leaner MLA attention instance (opt-in, not yet measured); LING_LONG_VARIANTS
-    # overrides, in the same format
-    for v in ${LING_LONG_VARIANTS:-LING_MLA_LEAN=1}; do
+    # A/B at the long contexts, in the same format (none by default)
+    for v in ${LING_LONG_VARIANTS:-}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights \
           --contexts 4096,32768,131072 --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

@@ -106,6 +106,7 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
     a.state = ds.data<float>();
     a.o = out.data<float>() + t * P;
     a.position = dpos.data<std::int32_t>();
+    a.state_before_wait = t % 2 == 1;  // both orders (the steps are synchronized, so either is safe here)
     DeviceBuffer dss;
     if (o_ss) {
       dss = poisoned(std::size_t(nss));
@@ -125,7 +126,7 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
 
 MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
                   std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
-                  std::vector<float> const& gate, int gate_mode, int kernel, int min_chunk, int lean) {
+                  std::vector<float> const& gate, int gate_mode, int kernel, int min_chunk) {
   DevMatrix w(kv_b);
   std::int64_t const L = d.latent();
   std::int64_t const max_ctx = pos + 1;
@@ -154,7 +155,6 @@ MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<fl
   a.o_lat = olat.data<float>();
   a.kernel = kernel;
   a.min_chunk = min_chunk;
-  a.mma_lean = lean;
   cuda::mla_decode(a, dg.data<float>(), gate_mode, out.data<float>());
   MlaOut r;
   r.out = down<float>(out, std::size_t(d.heads) * d.v);

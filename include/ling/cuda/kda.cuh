@@ -189,27 +189,32 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   }
   float const dtb = qk ? a.dt_bias[c] : 0.f;
   float const alog = a.a_log[h];
-  ops::pdl_wait();
-  ops::trace_mark(a.trace, 1);
-  // Every activation / state load of the step in flight at once; none depends on the position.
+  // The state, the conv ring and the position: before the wait when the caller says no launch this one may overlap
+  // writes them (KdaStepArgs::state_before_wait), else after it. Every such load in flight at once.
   float* S = a.state + std::int64_t(h) * K * V;
   float4 st[kKdaFastRows];
+  float rq_[R], rk_[R], rv_[R];  // all R slots (the one of position t holds a stale value that is never selected)
+  std::int64_t t = 0;
+  auto load_state = [&] {
 #pragma unroll
-  for (int j = 0; j < kKdaFastRows; ++j) {
-    int const r = rl + kKdaFastRowLanes * j;
-    st[j] = colok && r < K ? *reinterpret_cast<float4 const*>(S + std::int64_t(r) * V + vc) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  std::int64_t const t = *a.position;
+    for (int j = 0; j < kKdaFastRows; ++j) {
+      int const r = rl + kKdaFastRowLanes * j;
+      st[j] = colok && r < K ? *reinterpret_cast<float4 const*>(S + std::int64_t(r) * V + vc) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    t = *a.position;
+#pragma unroll
+    for (int j = 0; j < R; ++j) {
+      float const* slot_p = a.ring + std::int64_t(j) * 3 * P;
+      rq_[j] = qk ? slot_p[c] : 0.f;
+      rk_[j] = qk ? slot_p[P + c] : 0.f;
+      rv_[j] = vv ? slot_p[2 * P + cv] : 0.f;
+    }
+  };
+  if (a.state_before_wait) load_state();
+  ops::pdl_wait();
+  ops::trace_mark(a.trace, 1);
+  if (!a.state_before_wait) load_state();
   float const xq = qk ? a.x_q[c] : 0.f, xk = qk ? a.x_k[c] : 0.f, fx = qk ? a.f[c] : 0.f, xv = vv ? a.x_v[cv] : 0.f;
-  // All R slots (the one of position t holds a stale value that is never selected; block 0 overwrites it below).
-  float rq_[R], rk_[R], rv_[R];
-#pragma unroll
-  for (int j = 0; j < R; ++j) {
-    float const* slot_p = a.ring + std::int64_t(j) * 3 * P;
-    rq_[j] = qk ? slot_p[c] : 0.f;
-    rk_[j] = qk ? slot_p[P + c] : 0.f;
-    rv_[j] = vv ? slot_p[2 * P + cv] : 0.f;
-  }
   float const bh = a.b[h];
   int const slot = int(t % R);
   float q = 0.f, k = 0.f, dk = 0.f;

@@ -34,6 +34,11 @@ struct KdaStepArgs {
   // of the next launch (o_proj's prologue reads these partials instead of reducing the head itself)
   float* o_ss = nullptr;
   std::int32_t const* position = nullptr;  // device: the token's position t
+  // true: the fast kernel loads the state, the conv ring and the position before its PDL wait, while the launch in
+  // front of it still runs. Only for a caller that guarantees no launch this one may overlap writes them (the model's
+  // decode graph: the previous step of this layer is in an earlier graph launch, which completes before this one
+  // starts). Consecutive steps launched back to back on one stream must leave it false.
+  bool state_before_wait = false;
   unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
 };
 

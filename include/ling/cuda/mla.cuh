@@ -572,12 +572,8 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
   if (mma) {
     std::size_t smem = mla_mma_smem(a.d);
-    auto go = [&](auto kernel) {
-      ops::allow_smem(kernel, smem);
-      ops::launch(kernel, unsigned(a.splits), 256, smem, st, b);
-    };
-    if (a.mma_lean == 1) go(mla_attend_mma_kernel<true>);
-    else go(mla_attend_mma_kernel<false>);
+    ops::allow_smem(mla_attend_mma_kernel, smem);
+    ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, b);
   } else {
     int const hpt = mla_heads_per_thread(a.d);
     int threads = (a.d.rank / 4) * (a.d.heads / hpt);

@@ -38,7 +38,6 @@ struct MlaDecodeArgs {
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
   int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores
-  int mma_lean = 0;           // tensor-core kernel: 1 the instance with fewer instructions per tile (opt-in, not yet run)
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
 };
 

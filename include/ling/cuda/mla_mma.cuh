@@ -26,17 +26,12 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], unsigned const (&a)[4], 
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// {lo, hi} rounded to bf16 (RNE) in one register, lo in the low half: kHw by one cvt.rn.bf16x2.f32 (which takes the
-// high value first; a NaN becomes the canonical one), else by bf16_from_float (a NaN keeps its payload, quieted)
-template <bool kHw>
+// {lo, hi} rounded to bf16 (RNE) in one register, lo in the low half, by one cvt.rn.bf16x2.f32 (which takes the high
+// value first; a NaN becomes the canonical one)
 __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
-  if constexpr (kHw) {
-    unsigned d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-  } else {
-    return unsigned(bf16_from_float(lo).bits) | (unsigned(bf16_from_float(hi).bits) << 16);
-  }
+  unsigned d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
 }
 __device__ __forceinline__ void cp_async16(unsigned dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src));
@@ -86,15 +81,15 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
          2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
 }
 
-// kLean (opt-in, LING_MLA_LEAN=1; written in session 12 after the device time ran out, not yet run): fewer instructions
-// per tile for the same sums. The SASS of the default instance (cuobjdump, nvcc 13.0) has ~800 instructions per warp
-// per tile, ~370 of them in the tile copies (a division, a 64-bit clamp and 64-bit addresses per 16-byte copy), and the
-// kernel has 2 warps per scheduler, so it is latency- and issue-bound (~2 µs per tile measured). kLean:
+// Instructions per tile (session 12, cuobjdump, nvcc 13.0): the first version of this kernel had ~800 SASS
+// instructions per warp per tile, ~370 of them in the tile copies (a division, a 64-bit clamp and 64-bit addresses per
+// 16-byte copy), at 2 warps per scheduler, so it was latency- and issue-bound (~2 µs per tile). This one (~460 per
+// tile; measured on the H200 on 2026-12-02: 3.060 against 3.134 ms/token at context 131072, 2.788 against 2.791 at
+// 32768, equal at 4096):
 //  - copies a whole tile from per-thread shared-memory offsets computed once and immediate source offsets;
 //  - runs the score k-steps without a predicate (and its WARPSYNC per MMA) when the latent fills the 4 quarters;
 //  - rounds Q̂ (once per block) and P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE; a NaN
 //    stays a NaN, in the canonical pattern).
-template <bool kLean>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -116,28 +111,24 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   std::int64_t const end = begin + chunk < len ? begin + chunk : len;
   int const ntiles = int((end - begin + T - 1) / T);
   int const vec = L / 8;
-  // kLean: copy k of this thread is 16-byte piece tid + 256 k of a tile, whose shared-memory offset is the same
-  // in every tile (computed once), and whose source is that piece of the tile's contiguous span of T · L values
-  [[maybe_unused]] int soff[kMlaCopies];
-  [[maybe_unused]] bool const kfull = KS == 4 * KQ;  // kLean: every warp has all KQ k-steps
-  if constexpr (kLean) {
+  // copy k of this thread is 16-byte piece tid + 256 k of a tile, whose shared-memory offset is the same in every
+  // tile (computed once), and whose source is that piece of the tile's contiguous span of T · L values
+  int soff[kMlaCopies];
+  bool const kfull = KS == 4 * KQ;  // every warp has all KQ k-steps
 #pragma unroll
-    for (int k = 0; k < kMlaCopies; ++k) {
-      int const i = tid + 256 * k, row = i / vec, v = i - row * vec;
-      soff[k] = i < T * vec ? row * Lp + v * 8 : -1;
-    }
+  for (int k = 0; k < kMlaCopies; ++k) {
+    int const i = tid + 256 * k, row = i / vec, v = i - row * vec;
+    soff[k] = i < T * vec ? row * Lp + v * 8 : -1;
   }
   auto load_tile = [&](int it) {  // uncommitted
     std::uint16_t* dst = Cb + (it % NS) * T * Lp;
     std::int64_t const t0 = begin + std::int64_t(it) * T;
-    if constexpr (kLean) {
-      if (t0 + T <= end) {  // a whole tile (all but possibly a split's last)
-        std::uint16_t const* src = a.cache + t0 * L + 8 * tid;
+    if (t0 + T <= end) {  // a whole tile (all but possibly a split's last)
+      std::uint16_t const* src = a.cache + t0 * L + 8 * tid;
 #pragma unroll
-        for (int k = 0; k < kMlaCopies; ++k)
-          if (soff[k] >= 0) cp_async16(smem_u32(dst + soff[k]), src + 2048 * k);
-        return;
-      }
+      for (int k = 0; k < kMlaCopies; ++k)
+        if (soff[k] >= 0) cp_async16(smem_u32(dst + soff[k]), src + 2048 * k);
+      return;
     }
     for (int i = tid; i < T * vec; i += 256) {
       int const row = i / vec, v = i - row * vec;
@@ -164,8 +155,8 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
         int const i = i0 + k * 256;
         if (i < n4) {
           int const h = i / l4, c = (i - h * l4) * 4;
-          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(pack_bf16x2<kLean>(v[k].x * scale, v[k].y * scale),
-                                                                  pack_bf16x2<kLean>(v[k].z * scale, v[k].w * scale));
+          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(pack_bf16x2(v[k].x * scale, v[k].y * scale),
+                                                                  pack_bf16x2(v[k].z * scale, v[k].w * scale));
         }
       }
     }
@@ -209,7 +200,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
         mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
       }
     };
-    if (kLean && kfull) {
+    if (kfull) {
 #pragma unroll
       for (int k = 0; k < KQ; ++k) kstep(k);
     } else {
@@ -258,7 +249,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     float const al = __expf(m_run - mnew);
     l_run = l_run * al + sum;
     m_run = mnew;
-    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2<kLean>(p[0], p[1]), pack_bf16x2<kLean>(p[2], p[3]));
+    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
     if ((lane & 7) == 0) alpha[sh] = al;
   };
   // O += P C over tile it: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles

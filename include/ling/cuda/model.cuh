@@ -561,6 +561,15 @@ class CudaModel {
     return on;
   }
 
+  // LING_KDA_EARLY=0: the KDA step loads its state after its PDL wait even in the replayed graph (A/B).
+  static bool kda_state_early_env() {
+    static bool const on = [] {
+      char const* e = std::getenv("LING_KDA_EARLY");
+      return !(e && *e == '0');
+    }();
+    return on;
+  }
+
   // LING_SKIP=a,b,...: leave those launches out of the step (in-place cost of each part of the step, for
   // measurements only; the outputs are then meaningless): kproj, kstep, oproj, mla (a gated-MLA layer's attention
   // launches), router, moea (MoE launch A), moeb (launch B), head.
@@ -607,6 +616,8 @@ class CudaModel {
         ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
         ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
         ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
+        // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
+        ka.state_before_wait = opt_.use_graph && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
@@ -627,7 +638,7 @@ class CudaModel {
         ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.mma_lean = mla_env().lean;
+        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk;
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -681,10 +692,9 @@ class CudaModel {
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
   //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one;
-  //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
-  //  LING_MLA_LEAN=1: the tensor-core attention's instance with fewer instructions per tile (opt-in until measured).
+  //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size).
   struct MlaEnv {
-    int kernel = 0, min_chunk = 0, lean = 0;
+    int kernel = 0, min_chunk = 0;
   };
   static MlaEnv const& mla_env() {
     static MlaEnv const e = [] {
@@ -692,7 +702,7 @@ class CudaModel {
         char const* v = std::getenv(name);
         return v ? std::atoi(v) : 0;
       };
-      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_LEAN")};
+      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK")};
     }();
     return e;
   }
