@@ -113,14 +113,36 @@ struct MultiSet {
     }
     return r;
   }
+  // Σ_j |w_rj x_j| per row r (the size of the terms each output sums, whatever their cancellation)
+  std::vector<double> mag(std::vector<float> const& x) const {
+    std::vector<double> r;
+    for (auto& m : hm)
+      for (std::int64_t i = 0; i < m.rows; ++i) {
+        auto const w = m.row(i);
+        double s = 0;
+        for (std::size_t j = 0; j < w.size(); ++j) s += std::abs(w[j] * double(x[j]));
+        r.push_back(s);
+      }
+    return r;
+  }
 };
 
-// Matrices of `rows` x cols sharing one input through `launch` (a multi-matvec launcher), against the CPU.
+// Matrices of `rows` x cols sharing one input through `launch` (a multi-matvec launcher), against the CPU. The error is
+// measured against the terms' magnitudes (‖out − ref‖ / ‖Σ|w x|‖), not the outputs': an output that cancels to near
+// zero (one row of 256 random columns did, 2026-12-02: 1.8e-5 relative to itself) must not fail an exact kernel.
 template <class P, class Launch>
 void check_multi(std::int64_t cols, std::vector<std::int64_t> const& rows, std::vector<float> const& x, Launch launch) {
   CAPTURE(cols);
   MultiSet<P> set(cols, rows);
-  CHECK(rel_l2(set.run(x, launch), set.ref(x)) < 1e-5);
+  auto const out = set.run(x, launch);
+  auto const ref = set.ref(x), mag = set.mag(x);
+  REQUIRE(out.size() == ref.size());
+  double e = 0, m = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    e += (out[i] - ref[i]) * (out[i] - ref[i]);
+    m += mag[i] * mag[i];
+  }
+  CHECK(std::sqrt(e / m) < 1e-5);  // NaN fails
 }
 
 TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outputs concatenated", P, quant::Fp8Block,
@@ -137,30 +159,22 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
 // Block FP8 runs matvec_lane_kernel by default (LING_MATVEC_LANE=0: matvec_pipe_kernel). Both sum the same products in
 // the same order, so their outputs must be the same bits: rows of exactly 32 kU chunks (1024, 2560, 4096 columns: no
 // predicates) and ragged ones (1000, 2000, 3000: kU = 2, 5, 8 with predicated lanes), several matrices per launch
-// (the lane kernel's matrix index only moves forward), each output poisoned before its run. The lane kernel runs with
-// one register set (LING_MATVEC_ONE: 1, the default, where the rows fit the resident warps: 4096 and 3000 columns here;
-// 2 also at 2560 and 2000 columns, where 5000 rows give warps several rows each) and with two (0).
+// (the lane kernel's matrix index only moves forward), each output poisoned before its run.
 TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits and matches the CPU") {
   LING_REQUIRE_GPU();
   for (std::int64_t cols : {1024, 1000, 2560, 2000, 4096, 3000}) {
     CAPTURE(cols);
-    std::vector<std::int64_t> rows{5, 300, 1, 129};
-    if (cols == 2560 || cols == 2000) rows.push_back(5000);
-    MultiSet<quant::Fp8Block> set(cols, rows);
+    MultiSet<quant::Fp8Block> set(cols, {5, 300, 1, 129});
     auto const x = randn(static_cast<std::size_t>(cols));
-    auto launch = [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); };
-    setenv("LING_MATVEC_LANE", "0", 1);
-    auto const pipe = set.run(x, launch);
-    unsetenv("LING_MATVEC_LANE");
-    for (char const* one : {"0", "1", "2"}) {
-      CAPTURE(one);
-      setenv("LING_MATVEC_ONE", one, 1);
-      auto const out = set.run(x, launch);
-      CHECK(rel_l2(out, set.ref(x)) < 1e-5);
-      REQUIRE(out.size() == pipe.size());
-      CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
+    std::vector<float> out[2];
+    for (int lane = 0; lane < 2; ++lane) {
+      setenv("LING_MATVEC_LANE", lane ? "1" : "0", 1);
+      out[lane] = set.run(x, [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); });
     }
-    unsetenv("LING_MATVEC_ONE");
+    unsetenv("LING_MATVEC_LANE");
+    CHECK(rel_l2(out[1], set.ref(x)) < 1e-5);
+    REQUIRE(out[0].size() == out[1].size());
+    CHECK(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)) == 0);
   }
 }
 

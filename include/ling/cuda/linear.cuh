@@ -980,11 +980,7 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
   return f.x + f.y;
 }
 
-// kOne: one register set (a warp loads its next row only after finishing the current one). For launches where every
-// warp has at most one row (the launcher picks it when the rows fit the resident warps at kMinBlocks blocks per SM:
-// o_proj's 2560 rows of 4096 columns at 3 blocks per SM instead of 2, which two register sets of 8 chunks need),
-// so no warp takes a second row after the others are done.
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, bool kOne = false>
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro) {
   using P = policy_of<K>;
@@ -999,8 +995,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
   pdl_trigger();
   trace_mark(a.trace, 0);
   // the first row's loads go out before the PDL wait (into registers), the second row's into L2
-  LaneRow<kU> r0;
-  [[maybe_unused]] LaneRow<kU> r1;
+  LaneRow<kU> r0, r1;
   int ci = 0;  // matrix of task t; tasks only grow, so it only moves forward
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
@@ -1044,15 +1039,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
     if (float const* res = a.residual[i]) v += res[r];
     if (lane == 0) a.out[i][r] = v;
   };
-  if constexpr (kOne) {
-    while (t < total) {
-      finish(t, ci, r0);
-      t += stride;
-      if (t < total) load(t, ci, r0);
-    }
-    trace_end(a.trace);
-    return;
-  }
   int ni = ci;
   while (t < total) {  // two register sets in turn: r0 holds task t, r1 takes task t + stride
     std::int64_t tn = t + stride;
@@ -1408,12 +1394,6 @@ inline bool matvec_fp8_h16() {
   char const* e = std::getenv("LING_FP8_DOT");
   return e && std::strcmp(e, "f16") == 0;
 }
-// LING_MATVEC_ONE: 0 never the one-register-set lane kernel; unset or 1 for launches whose rows fit the resident warps
-// (one row per warp); 2 also for rows of 5 chunks per lane at 4 blocks per SM (A/B); read at each launch.
-inline int matvec_one_mode() {
-  char const* e = std::getenv("LING_MATVEC_ONE");
-  return e && *e ? std::atoi(e) : 1;
-}
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
   using P = policy_of<K>;
@@ -1432,13 +1412,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
-        if constexpr (!kH) {  // one register set when every warp has at most one row (kOne; LING_MATVEC_ONE=0: off)
-          int const one = matvec_one_mode();
-          if (ku == 8 && one != 0 && total <= std::int64_t(3) * kWarps * sm_count())
-            return full ? go(matvec_lane_kernel<K, 8, 3, true, false, true>, bytes) : go(matvec_lane_kernel<K, 8, 3, false, false, true>, bytes);
-          if (ku == 5 && one == 2)  // A/B only: the KDA projections (6.5 rows per warp) at 4 blocks per SM
-            return full ? go(matvec_lane_kernel<K, 5, 4, true, false, true>, bytes) : go(matvec_lane_kernel<K, 5, 4, false, false, true>, bytes);
-        }
         if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes);
         if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes);
         return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes);
