@@ -84,11 +84,10 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary), session 13's changes against their off switches: the KDA step's state loaded after
-    # its PDL wait, the lane matvec's warps numbered block-major, o_proj's gated staging in batches of 2.
-    # LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by commas; "X=1" is
-    # the default build's run.
-    for v in ${LING_CTX0_VARIANTS:-LING_KDA_EARLY=0 LING_MATVEC_WARP_MAJOR=0 LING_PROLOGUE=3 X=1}; do
+    # A/B at context 0 (one binary): session 13's KDA step with its state loaded after its PDL wait against the default
+    # (before it). LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by
+    # commas; "X=1" is the default build's run.
+    for v in ${LING_CTX0_VARIANTS:-LING_KDA_EARLY=0 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

@@ -159,8 +159,7 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
 // Block FP8 runs matvec_lane_kernel by default (LING_MATVEC_LANE=0: matvec_pipe_kernel). Both sum the same products in
 // the same order, so their outputs must be the same bits: rows of exactly 32 kU chunks (1024, 2560, 4096 columns: no
 // predicates) and ragged ones (1000, 2000, 3000: kU = 2, 5, 8 with predicated lanes), several matrices per launch
-// (the lane kernel's matrix index only moves forward), each output poisoned before its run. The lane kernel runs with
-// its warps numbered warp-major (the default) and block-major (LING_MATVEC_WARP_MAJOR=0); at 2560 and 2000 columns a
+// (the lane kernel's matrix index only moves forward), each output poisoned before its run. At 2560 and 2000 columns a
 // 5000-row matrix gives warps several rows each and a partial last round.
 TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits and matches the CPU") {
   LING_REQUIRE_GPU();
@@ -174,15 +173,10 @@ TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits an
     setenv("LING_MATVEC_LANE", "0", 1);
     auto const pipe = set.run(x, launch);
     unsetenv("LING_MATVEC_LANE");
-    for (char const* major : {"1", "0"}) {
-      CAPTURE(major);
-      setenv("LING_MATVEC_WARP_MAJOR", major, 1);
-      auto const out = set.run(x, launch);
-      CHECK(rel_l2(out, set.ref(x)) < 1e-5);
-      REQUIRE(out.size() == pipe.size());
-      CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
-    }
-    unsetenv("LING_MATVEC_WARP_MAJOR");
+    auto const out = set.run(x, launch);
+    CHECK(rel_l2(out, set.ref(x)) < 1e-5);
+    REQUIRE(out.size() == pipe.size());
+    CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
   }
 }
 

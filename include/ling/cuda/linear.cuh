@@ -231,9 +231,6 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
-// kGatedB: 4 lets the gated head norm with given partial sums take batches of 4 (InputPrologue::kGatedBatch4; the
-// kernels with room in their registers: at the 80-register cap of 3 blocks per SM it spilled)
-template <int kGatedB = 2>
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                             InputPrologue const& p) {
   __shared__ float red[32];
@@ -263,9 +260,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     if (given) {
       int const t = int(threadIdx.x);
       float part = t < np ? p.head_ss[t] : 0.f;
-      // o_proj (4096 columns, 256 threads): a batch of 4 is the whole input in one round of loads
-      if (kGatedB == 4 && (p.flags & InputPrologue::kGatedBatch4)) stage4_gated<kGatedB>(xs, nullptr, x, p, nn, end);
-      else stage4_gated<2>(xs, nullptr, x, p, nn, end);
+      stage4_gated<2>(xs, nullptr, x, p, nn, end);
       for (int o = 1; o < p.ss_parts; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);  // uniform trip count
       if (t < np && (t & (p.ss_parts - 1)) == 0) s_hs[t / p.ss_parts] = rsqrtf(part * inv_head + p.eps) * kXPre;
     } else {
@@ -665,11 +660,6 @@ struct MultiArgs {
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
   unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
-  // matvec_lane_kernel: warp w of block b takes tasks w · gridDim + b + k · (gridDim · warps) ("warp-major": a last,
-  // partial round of tasks is spread over every block, so over every SM) instead of b · warps + w + k · (...) (that
-  // round on the first blocks only: the KDA projections' 20 512 rows over 3 168 warps left 1 504 rows to 188 of 396
-  // blocks, o_proj's 2 560 over 2 112 warps 448 rows to 56 of 264). The same rows, the same sums.
-  int warp_major = 0;
 };
 
 struct ArgmaxArgs {
@@ -864,14 +854,14 @@ __device__ __forceinline__ float row_math(RowLoad<P, kU> const& L, MatrixArgs co
 
 // The one-row kernels' prologue once the first row's loads are out: task t_next's rows into L2, the prologue's weights
 // into L2, the PDL wait, the input staged (block-synchronized).
-template <class P, int kGatedB = 2>
+template <class P>
 __device__ __forceinline__ void pipe_prologue(MultiArgs const& a, float const* __restrict__ x, InputPrologue const& pro,
                                               float* xs, std::int64_t t_next) {
   prefetch_task<P, 1>(a, t_next);
   prologue_prefetch(pro, a.m[0].cols);
   pdl_wait();
   trace_mark(a.trace, 1);
-  stage_input<kGatedB>(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
+  stage_input(xs, x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
   trace_mark(a.trace, 2);
 }
@@ -1000,8 +990,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = int(threadIdx.x & 31);
   std::int64_t const stride = std::int64_t(gridDim.x) * kWarps;
-  std::int64_t t = a.warp_major ? std::int64_t(threadIdx.x >> 5) * gridDim.x + blockIdx.x
-                                : std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   std::int64_t const total = a.task_begin[a.count];
   int const nchunks = int(a.m[0].ld / 16);  // every matrix has this ld (the launcher checks)
   pdl_trigger();
@@ -1013,7 +1002,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  pipe_prologue<P, kU >= 8 ? 4 : 2>(a, x, pro, xs, t + stride);
+  pipe_prologue<P>(a, x, pro, xs, t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
   [[maybe_unused]] uint4 const* xh4 = nullptr;
@@ -1401,12 +1390,6 @@ inline bool matvec_lane_enabled() {
   char const* e = std::getenv("LING_MATVEC_LANE");
   return !(e && *e == '0');
 }
-// LING_MATVEC_WARP_MAJOR=0: matvec_lane_kernel numbers its warps block-major (A/B; MultiArgs::warp_major); read at
-// each launch.
-inline bool matvec_warp_major() {
-  char const* e = std::getenv("LING_MATVEC_WARP_MAJOR");
-  return !(e && *e == '0');
-}
 // LING_FP8_DOT=f16: block FP8 on matvec_lane_kernel's f16 partial sums (opt-in, measured slower); read at each launch.
 inline bool matvec_fp8_h16() {
   char const* e = std::getenv("LING_FP8_DOT");
@@ -1425,14 +1408,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block>) {
     if (matvec_lane_enabled()) {
-      MultiArgs b = a;
-      b.warp_major = matvec_warp_major() ? 1 : 0;
-      auto go = [&](auto kernel, std::size_t bytes) {
-        int blocks = 0;
-        cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
-        if (e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, b, x, pro);
-      };
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
       auto lane = [&](auto h16) {

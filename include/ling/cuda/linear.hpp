@@ -267,11 +267,10 @@ struct InputPrologue {
   float const* head_ss = nullptr;
   int ss_parts = 0;
   // kFusedWeights: aligned inputs load the norm weights (and the gate) with x, one round trip (linear.cuh
-  // stage_input); kPrefetchWeights: the launch asks the L2 for the norm weights before its PDL wait; kGatedBatch4: the
-  // gated head norm with the producer's partial sums stages 4 float4 of x (and of the gate and the weights) per thread
-  // per round of loads instead of 2. All by default; the model's LING_PROLOGUE=<bits> sets them for A/B measurements.
-  static constexpr int kFusedWeights = 1, kPrefetchWeights = 2, kGatedBatch4 = 4;
-  int flags = kFusedWeights | kPrefetchWeights | kGatedBatch4;
+  // stage_input); kPrefetchWeights: the launch asks the L2 for the norm weights before its PDL wait. Both by default;
+  // the model's LING_PROLOGUE=<bits> sets them for A/B measurements.
+  static constexpr int kFusedWeights = 1, kPrefetchWeights = 2;
+  int flags = kFusedWeights | kPrefetchWeights;
 };
 
 // y[rows] = W x, x fp32 [cols], fp32 accumulation. Returns cudaErrorInvalidValue for an empty matrix; graph-safe

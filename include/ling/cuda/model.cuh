@@ -546,8 +546,7 @@ class CudaModel {
   static int prologue_flags() {
     static int const f = [] {
       char const* e = std::getenv("LING_PROLOGUE");
-      return e && *e ? std::atoi(e)
-                     : ops::PrologueArgs::kFusedWeights | ops::PrologueArgs::kPrefetchWeights | ops::PrologueArgs::kGatedBatch4;
+      return e && *e ? std::atoi(e) : ops::PrologueArgs::kFusedWeights | ops::PrologueArgs::kPrefetchWeights;
     }();
     return f;
   }
