@@ -1425,7 +1425,9 @@ inline int moe_stream_mode() {
 // LING_MOE_Q8U=1: launch A's streamed kernel on the biased lookup (q8u_chunk) instead of q8_chunk. Opt-in: though
 // faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs), in the model it measured slower, 1.2 µs per
 // layer in the step timeline and 3.047 against 2.984 ms/token (same run). ncu of the model's instance: 9% fewer
-// instructions, but more stalls on instruction fetch, where this kernel already loses 36% of its cycles.
+// instructions, but more stalls on instruction fetch, where this kernel already loses 36% of its cycles. Measured again
+// on the smaller kernel of session 8 (6.4 K SASS instructions; H200, 2026-12-02, same binary, alternating): 2.621 /
+// 2.621 against 2.585 / 2.584 ms/token, still slower.
 inline bool moe_q8u_on() {
   char const* e = std::getenv("LING_MOE_Q8U");
   return e && *e == '1';
