@@ -448,6 +448,10 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   k.routed_limit = a.limit;
   k.trace_a = trace_next();
   k.trace_b = k.trace_a ? k.trace_a + kTraceRegion : nullptr;
+  if (k.trace_a) {  // LING_TRACE_MOEA=1|2|3: launch A's midpoint after its staging | router dot | grid barrier
+    char const* e = std::getenv("LING_TRACE_MOEA");
+    k.trace_mid = e ? std::atoi(e) : 0;
+  }
   k.shared_limit = a.shared_limit;
   if (a.routed_mma) {
     require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,

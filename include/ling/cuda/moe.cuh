@@ -63,6 +63,9 @@ struct MoeArgs {
   int prefetch_down = 0;        // the streamed launch A prefetches launch B's routed down rows into L2 (moe_b_prefetch_on)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
+  // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
+  // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier.
+  int trace_mid = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -1176,6 +1179,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   trace_mark(a.trace_a, 1);
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (rin) {
     cp_async_wait(0);  // the router row (the only committed group: the tiles' copies are not committed yet)
     __syncthreads();   // the staged input is complete
@@ -1183,11 +1187,16 @@ __global__ void __launch_bounds__(kW * 32, 1)
       float const v = router_row_dot(a.router, rsm, xs);
       if (lane == 0) a.router_out[rrow] = v;
     }
+    if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the barrier (a uniform branch)
+      __syncthreads();
+      trace_mark(a.trace_a, 2);
+    }
     grid_barrier(a.grid_bar);
+    if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
-  trace_mark(a.trace_a, 2);
+  if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
   for (int m = 0; m < D; ++m) {
     if (m >= pre && m < mine) issue(m);
