@@ -23,6 +23,7 @@
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/mma_layout.hpp"
+#include "ling/cuda/runtime.hpp"
 
 namespace ling::cuda::kernels {
 
@@ -1387,8 +1388,7 @@ inline int pipe_unroll(std::int64_t nchunks) {
 // LING_MATVEC_LANE=0: block FP8 on matvec_pipe_kernel instead of matvec_lane_kernel (A/B; the outputs are the
 // same bits); read at each launch.
 inline bool matvec_lane_enabled() {
-  char const* e = std::getenv("LING_MATVEC_LANE");
-  return !(e && *e == '0');
+  return !env_off("LING_MATVEC_LANE");
 }
 // LING_FP8_DOT=f16: block FP8 on matvec_lane_kernel's f16 partial sums (opt-in, measured slower); read at each launch.
 inline bool matvec_fp8_h16() {
@@ -1426,8 +1426,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
 }
 // LING_MATVEC_PIPE=0 turns the pipelined kernel off (A/B measurements); read at each launch.
 inline bool matvec_pipe_enabled() {
-  char const* e = std::getenv("LING_MATVEC_PIPE");
-  return !(e && *e == '0');
+  return !env_off("LING_MATVEC_PIPE");
 }
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never

@@ -554,19 +554,13 @@ class CudaModel {
   // LING_KDA_SS=0: o_proj's gated head norm reduces each head itself instead of reading the KDA step's partial sums
   // (the A/B switch of KdaStepArgs::o_ss).
   static bool kda_ss_on() {
-    static bool const on = [] {
-      char const* e = std::getenv("LING_KDA_SS");
-      return !(e && *e == '0');
-    }();
+    static bool const on = !env_off("LING_KDA_SS");
     return on;
   }
 
   // LING_KDA_EARLY=0: the KDA step loads its state after its PDL wait even in the replayed graph (A/B).
   static bool kda_state_early_env() {
-    static bool const on = [] {
-      char const* e = std::getenv("LING_KDA_EARLY");
-      return !(e && *e == '0');
-    }();
+    static bool const on = !env_off("LING_KDA_EARLY");
     return on;
   }
 

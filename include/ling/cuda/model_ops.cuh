@@ -341,19 +341,13 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
 
 // LING_FUSED_ROUTER=0 keeps the selection in the router launch's last block (A/B measurements).
 inline bool fused_router_enabled() {
-  static bool const on = [] {
-    char const* e = std::getenv("LING_FUSED_ROUTER");
-    return !(e && *e == '0');
-  }();
+  static bool const on = !env_off("LING_FUSED_ROUTER");
   return on;
 }
 // LING_ROUTER_IN_A=0 keeps the router's rows in their own launch when the selection is fused into MoE launch A (A/B
 // measurements; CudaModelOptions::router_in_moe is the API switch).
 inline bool router_in_a_env() {
-  static bool const on = [] {
-    char const* e = std::getenv("LING_ROUTER_IN_A");
-    return !(e && *e == '0');
-  }();
+  static bool const on = !env_off("LING_ROUTER_IN_A");
   return on;
 }
 
@@ -430,10 +424,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
                                 a.route->topk_group, a.route->norm_topk_prob ? 1 : 0, a.route->scaling};
     k.sel_idx = a.sel_idx;
     k.sel_w = a.sel_w;
-    static bool const ahead = [] {  // LING_ROUTE_AHEAD=0: the selection loads its logits itself (A/B measurements)
-      char const* e = std::getenv("LING_ROUTE_AHEAD");
-      return !(e && *e == '0');
-    }();
+    // LING_ROUTE_AHEAD=0: the selection loads its logits itself (A/B measurements)
+    static bool const ahead = !env_off("LING_ROUTE_AHEAD");
     k.route_ahead = ahead ? 1 : 0;
     if (a.router) {
       require(a.router->format == MatFormat::kBf16 && fast_rows(*a.router) && a.grid_bar && a.router->rows == a.route->experts,

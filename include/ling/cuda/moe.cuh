@@ -1443,8 +1443,7 @@ inline bool moe_q8u_on() {
 }
 // LING_MOE_ISSUE=0: launch A's tile copies inlined per tile kind and call site (the A/B baseline of kCompact).
 inline bool moe_issue_compact() {
-  char const* e = std::getenv("LING_MOE_ISSUE");
-  return !(e && *e == '0');
+  return !env_off("LING_MOE_ISSUE");
 }
 // Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
 // the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
@@ -1771,8 +1770,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
 // LING_MOE_DOWN_LANE=0: launch B on the register kernel instead (A/B measurements; LING_MOE_Q8=0 also turns it off,
 // as it turns off every int8 path); read at each launch.
 inline bool moe_down_lane_on() {
-  char const* e = std::getenv("LING_MOE_DOWN_LANE");
-  return !(e && *e == '0');
+  return !env_off("LING_MOE_DOWN_LANE");
 }
 // LING_MOE_LANE_ROWS=2: two rows per warp (A/B measurements; default one).
 inline int moe_lane_rows() {

@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -19,6 +20,12 @@ inline Status to_status(cudaError_t e, std::string const& what) {
 inline void check(cudaError_t e, std::string const& what) { to_status(e, what).throw_if_error(); }
 // After a launch: the launch error, then (in debug or when asked) the asynchronous one.
 inline void check_launch(std::string const& what) { check(cudaGetLastError(), what); }
+
+// An A/B switch of the environment turned off: `name` set to a value starting with '0' (unset: on).
+inline bool env_off(char const* name) {
+  char const* e = std::getenv(name);
+  return e && *e == '0';
+}
 
 inline bool device_available() {
   int n = 0;
