@@ -13,14 +13,28 @@ using namespace ling::test_ops;
 
 namespace {
 
+// distinct > 0 (unscaled policies): every router row and bias is one of `distinct` patterns, so that many experts tie
+// (equal logits and biased scores, in one group and across groups, and equal group scores): the selection must break
+// the ties by the lower expert id and the lower group index, as the CPU does.
 template <class P>
-void check_router(std::int64_t experts, std::int64_t hidden, cuda::RouterParams p, bool with_bias) {
+void check_router(std::int64_t experts, std::int64_t hidden, cuda::RouterParams p, bool with_bias, int distinct = 0) {
   CAPTURE(experts);
   CAPTURE(p.n_group);
+  CAPTURE(distinct);
   auto w = random_matrix<P>(experts, hidden, 0.05f);
-  auto dw = cuda::DeviceMatrix<P>::upload(w.view());
   auto u = randn(static_cast<std::size_t>(hidden));
   std::vector<float> bias = with_bias ? randn(static_cast<std::size_t>(experts), 0.05f) : std::vector<float>{};
+  if (distinct > 0) {
+    static_assert(std::is_same_v<typename P::scale_type, quant::NoScale>, "rows are copied as plain storage");
+    auto const pattern = [&](std::int64_t e) { return (e * 37 / 11 + e / 64) % distinct; };
+    auto const rows = w.data;
+    auto const biases = bias;
+    for (std::int64_t e = 0; e < experts; ++e) {
+      std::copy_n(rows.begin() + pattern(e) * hidden, hidden, w.data.begin() + e * hidden);
+      if (with_bias) bias[std::size_t(e)] = biases[std::size_t(pattern(e))];
+    }
+  }
+  auto dw = cuda::DeviceMatrix<P>::upload(w.view());
   DeviceVec du(u), dbias(with_bias ? bias : std::vector<float>(1)), dweights(static_cast<std::size_t>(p.top_k));
   cuda::DeviceBuffer didx(static_cast<std::size_t>(p.top_k) * sizeof(int));
   cuda::RouterWorkspace ws(experts);
@@ -76,4 +90,22 @@ TEST_CASE("router: no groups, no normalisation, f32 weights, odd hidden") {
   check_router<quant::F32>(64, 203, {6, 1, 1, 1.0f, false}, false);
   check_router<quant::Bf16>(256, 1000, {8, 8, 4, 2.446f, true}, true);
   check_router<quant::Bf16>(1024, 96, {32, 16, 8, 1.5f, true}, true);
+}
+
+// The ranked path (groups of 32 or 64 experts, topk_group · top_k <= 32) and the other paths on ties.
+TEST_CASE("router: ties break by the lower expert id and group index") {
+  LING_REQUIRE_GPU();
+  check_router<quant::F32>(512, 96, {8, 8, 4, 2.446f, true}, true, 3);
+  check_router<quant::F32>(512, 96, {8, 8, 4, 2.446f, true}, true, 40);
+  check_router<quant::F32>(256, 96, {8, 8, 4, 1.0f, false}, false, 5);
+  check_router<quant::F32>(1024, 64, {16, 16, 2, 1.0f, true}, true, 7);
+  check_router<quant::F32>(128, 64, {8, 8, 4, 1.0f, true}, true, 5);  // groups of 16: the two-stage path
+  check_router<quant::F32>(64, 64, {6, 1, 1, 1.0f, false}, false, 4);  // no groups: one warp over all experts
+}
+
+TEST_CASE("router: ranked path shapes (16 groups of 64, 2 groups of 64, top-1)") {
+  LING_REQUIRE_GPU();
+  check_router<quant::Bf16>(1024, 256, {16, 16, 2, 1.5f, true}, true);
+  check_router<quant::Bf16>(128, 256, {8, 2, 1, 1.0f, true}, false);
+  check_router<quant::Bf16>(512, 256, {1, 8, 4, 2.446f, false}, true);
 }

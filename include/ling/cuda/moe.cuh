@@ -193,7 +193,8 @@ __device__ __forceinline__ void tagged_logits_wait(unsigned long long const* slo
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
-// scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores).
+// scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores), 16-byte
+// aligned (the selection loads its keys, scratch + route.experts, 16 bytes at a time; else it takes a slower path).
 __device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch, RouteAhead const& ahead = {},
                                                   bool use_ahead = false) {
   if (a.route.logits) {
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   pdl_wait();
   trace_mark(a.trace_a, 1);
   stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
-  __shared__ float s_route[2 * kRouterMaxExperts];
+  __shared__ __align__(16) float s_route[2 * kRouterMaxExperts];  // see moe_block_routing
   moe_block_routing(a, s_idx, s_route);
   trace_mark(a.trace_a, 2);
   // int8 path: the limbs and block scales follow the staged floats in shared memory

@@ -53,15 +53,23 @@ __device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead
   }
 }
 
-// Lane k < top_k of the calling warp holds pick k: writes it and its weight (the weight sum is gathered in pick
-// order, as the CPU adds them).
-__device__ __forceinline__ void router_write_picks(RouteSel const& a, float const* s_score, int chosen, int* out_idx, float* out_w,
-                                                   int* out_idx2 = nullptr, float* out_w2 = nullptr) {
+// Lane k < top_k of the calling warp holds pick k (id chosen, weight w); s_w[k] is w_k for every k < top_k (shared
+// memory): writes the pick and its weight. The weight sum is added in pick order, as the CPU adds them (sum += w_0,
+// sum += w_1, ...); the eight loads of a step are issued before its eight adds, so the chain is one load latency and
+// the adds, not a shuffle latency per pick.
+__device__ __forceinline__ void router_write_picks(RouteSel const& a, int chosen, float w, float const* s_w,
+                                                   int* out_idx, float* out_w, int* out_idx2, float* out_w2) {
   int const lane = threadIdx.x & 31;
-  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
   float sum = 0.f;
 #pragma unroll 1
-  for (int k = 0; k < a.top_k; ++k) sum += __shfl_sync(0xffffffffu, w, k);
+  for (int k0 = 0; k0 < a.top_k; k0 += 8) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = k0 + i < a.top_k ? s_w[k0 + i] : 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (k0 + i < a.top_k) sum += v[i];
+  }
   if (lane < a.top_k) {
     float const wk = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
     out_idx[lane] = chosen;
@@ -121,23 +129,90 @@ __device__ __forceinline__ int router_topk_merge(RouteSel const& a, unsigned lon
   return chosen;
 }
 
+// The ranked path (router_select_block: groups of 32 or 64 experts, at most 32 candidates) finds the picks by counting,
+// not by rounds of warp maxima: an expert's rank is the number of keys larger than its own (ordered bits of the biased
+// score; equal bits: the lower id is larger, as in argmax_key), and keys are unique, so rank k is pick k. The counts
+// read the 32 keys they compare with by broadcast loads, all issued at once; a warp's dependent chain is a load and
+// its compares instead of top_k rounds of two dependent redux.sync each.
+
+// Inverse of ordered_bits.
+__device__ __forceinline__ float ordered_float(std::uint32_t u) {
+  return __uint_as_float((u & 0x80000000u) ? (u & 0x7FFFFFFFu) : ~u);
+}
+
+// Ranked path, first pass (all lanes of a warp; v: the biased scores of the 32 consecutive experts of one chunk, which
+// lie in one group): the chunk's two largest as ordered bits (the second equal to the first when the maximum occurs
+// twice), NaN counted as -inf, which gives the group score of the scan in the other paths (its comparisons skip NaN).
+__device__ __forceinline__ void router_chunk_top2(float v, uint2& out) {
+  std::uint32_t const q = ordered_bits(v != v ? __uint_as_float(0xFF800000u) : v);
+  std::uint32_t const m1 = __reduce_max_sync(0xffffffffu, q);
+  std::uint32_t const at = __ballot_sync(0xffffffffu, q == m1);
+  std::uint32_t const m2 = __reduce_max_sync(0xffffffffu, q == m1 ? 0u : q);  // every q is above 0 (-inf's bits)
+  if ((threadIdx.x & 31) == 0) out = make_uint2(m1, (at & (at - 1u)) ? m1 : m2);
+}
+
+// Ranked path: bit j of gt is keys[j] > ua, bit j of ge is keys[j] >= ub, for the 32 keys at keys (shared memory,
+// 16-byte aligned; every lane reads the same ones). Bit masks, one after the other, let the compiler pack seven
+// compare predicates at a time into a register (P2R) instead of adding each one.
+__device__ __forceinline__ void router_rank_masks(std::uint32_t const* keys, std::uint32_t ua, std::uint32_t ub,
+                                                  std::uint32_t& gt, std::uint32_t& ge) {
+  uint4 const* const k4 = reinterpret_cast<uint4 const*>(keys);
+  std::uint32_t k[32];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    uint4 const v = k4[i];
+    k[4 * i] = v.x;
+    k[4 * i + 1] = v.y;
+    k[4 * i + 2] = v.z;
+    k[4 * i + 3] = v.w;
+  }
+  gt = 0u;
+  ge = 0u;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) gt |= std::uint32_t(k[j] > ua) << j;
+#pragma unroll
+  for (int j = 0; j < 32; ++j) ge |= std::uint32_t(k[j] >= ub) << j;
+}
+
 // The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
 // to out_idx[k] and its weight to out_w[k] (global or shared memory; the caller synchronizes before reading them).
 // s_score and s_sel: the caller's shared scratch of a.experts floats each (MoE launch A lends it part of its dynamic
-// shared memory, so that the selection's scratch does not cost its warps a ring stage).
+// shared memory, so that the selection's scratch does not cost its warps a ring stage); s_sel 16-byte aligned, or
+// the selection takes the slower paths.
 // out_idx2 / out_w2: a second copy of the picks (MoE launch A's block 0: global memory for launch B), or null.
 __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_score, float* s_sel, int* out_idx, float* out_w,
                                                     RouteAhead const& ahead = {}, bool use_ahead = false,
                                                     int* out_idx2 = nullptr, float* out_w2 = nullptr) {
-  __shared__ float s_group[kRouterMaxGroups];
+  __shared__ __align__(16) union {
+    float score[kRouterMaxGroups];       // the group scores
+    uint2 top2[kRouterMaxExperts / 32];  // ranked path: each 32-expert chunk's two largest biased scores (ordered bits)
+  } s_group;
   __shared__ unsigned char s_keep[kRouterMaxGroups];
-  __shared__ unsigned long long s_cand[32];
-  int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ __align__(16) union {
+    unsigned long long key[32];  // two-stage path: the kept groups' top-k lists (0: none)
+    struct {
+      std::uint32_t key[32];  // ranked path: the same lists as ordered bits (0: none) and ids
+      int id[32];
+    } rank;
+  } s_cand;
+  int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x >> 5);
   float const ninf = __uint_as_float(0xFF800000u);
+  int const gsize = E / a.n_group;
+  bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
+  // ranked path: a group is one or two 32-expert chunks, which the first pass's warps cover whole; s_sel holds keys
+  bool const ranked = grouped && (gsize == 32 || gsize == 64) && a.topk_group * a.top_k <= 32 &&
+                      (blockDim.x & 31u) == 0 && (reinterpret_cast<std::uintptr_t>(s_sel) & 15u) == 0;
+  // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k lists)
+  bool const two = !ranked && grouped && gsize <= 64 && a.topk_group * a.top_k <= 32 && a.n_group <= 32;
   auto put = [&](int e, float l, float bias) {
-    float const s = 1.0f / (1.0f + expf(-l));
+    float const s = 1.0f / (1.0f + expf(-l)), v = s + bias;
     s_score[e] = s;
-    s_sel[e] = s + bias;
+    if (ranked) {
+      reinterpret_cast<std::uint32_t*>(s_sel)[e] = ordered_bits(v);
+      router_chunk_top2(v, s_group.top2[e >> 5]);  // the warp's 32 experts: e's chunk (E, blockDim multiples of 32)
+    } else {
+      s_sel[e] = v;
+    }
   };
   int e0 = threadIdx.x;
   if (use_ahead) {
@@ -149,15 +224,74 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
     e0 += kRouteAhead * int(blockDim.x);
   }
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
-  int const gsize = E / a.n_group;
-  bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
-  // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k lists)
-  bool const two = grouped && gsize <= 64 && a.topk_group * a.top_k <= 32 && a.n_group <= 32;
-  if (two && threadIdx.x < 32) s_cand[threadIdx.x] = 0ull;
+  if ((two || ranked) && threadIdx.x < 32) s_cand.key[threadIdx.x] = 0ull;
   __syncthreads();
-  if (grouped) {
+  std::uint32_t const below = (1u << lane) - 1u;
+  if (ranked) {
+    int const nh = gsize >> 5;
+    // warps j < topk_group: the group scores at lanes g (b1 + b2 from the group's chunks), each group's rank among
+    // them (ties: lower index) by shuffles, the keep mask by a ballot; then warp j ranks the j-th kept group's experts
+    if (warp < a.topk_group) {
+      float v = 0.f;
+      if (lane < a.n_group) {
+        uint2 t = s_group.top2[lane * nh];
+        if (nh == 2) {
+          uint2 const o = s_group.top2[lane * 2 + 1];
+          t = make_uint2(umax(t.x, o.x), umax(umin(t.x, o.x), umax(t.y, o.y)));
+        }
+        v = ordered_float(t.x) + ordered_float(t.y);
+      }
+      int rank = 0;
+#pragma unroll 1
+      for (int o0 = 0; o0 < a.n_group; o0 += 8) {  // n_group <= 32 here; the eight shuffles before their compares
+        float w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = __shfl_sync(0xffffffffu, v, o0 + i);
+        std::uint32_t better = 0u;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          int const o = o0 + i;
+          better |= std::uint32_t((o < a.n_group) & ((w[i] > v) | ((w[i] == v) & (o < lane)))) << i;
+        }
+        rank += __popc(better);
+      }
+      unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank < a.topk_group);
+      for (int j = warp; j < a.topk_group; j += nwarps) {
+        int const g = __ffs(__ballot_sync(0xffffffffu, ((keep >> lane) & 1u) && __popc(keep & below) == j)) - 1;
+        // lane l ranks experts l (key ka) and 32 + l (kb) of the group against all its experts. The first chunk's
+        // ids are all lower than the second's, so the keys larger than ka are the keys > ka and ka's equals in lower
+        // lanes (match.any), and those larger than kb are the keys >= kb but kb itself and its equals in higher
+        // lanes. The matches follow the first chunk's compares (not the key loads, which would hold back the
+        // chunk's loads), so that the second chunk's hide their latency.
+        std::uint32_t const* const keys = reinterpret_cast<std::uint32_t const*>(s_sel) + g * gsize;
+        std::uint32_t const ka = keys[lane], kb = nh == 2 ? keys[32 + lane] : 0u;
+        int ra = 0, rb = 0;
+#pragma unroll 1
+        for (int h = 0; h < gsize; h += 32) {
+          std::uint32_t gt, ge;
+          router_rank_masks(keys + h, ka, kb, gt, ge);
+          if (h == 0) {
+            ra += __popc(__match_any_sync(0xffffffffu, ka) & below);
+            if (nh == 2) rb -= __popc(__match_any_sync(0xffffffffu, kb) & ~below);
+          }
+          ra += __popc(gt);
+          rb += __popc(ge);
+        }
+        int const c0 = j * a.top_k, e = g * gsize + lane;
+        if (ra < a.top_k) {
+          s_cand.rank.key[c0 + ra] = ka;
+          s_cand.rank.id[c0 + ra] = e;
+        }
+        if (nh == 2 && rb < a.top_k) {
+          s_cand.rank.key[c0 + rb] = kb;
+          s_cand.rank.id[c0 + rb] = e + 32;
+        }
+      }
+    }
+    __syncthreads();
+  } else if (grouped) {
     // group score = sum of the two largest biased scores of the group (one warp per group)
-    for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {  // any block size (the streamed MoE has 9+ warps)
+    for (int g = warp; g < a.n_group; g += nwarps) {  // any block size (the streamed MoE has 9+ warps)
       float b1 = ninf, b2 = ninf;
       for (int i = lane; i < gsize; i += 32) {
         float v = s_sel[g * gsize + i];
@@ -172,15 +306,15 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
         b2 = n2;
       }
       __syncwarp();
-      if (lane == 0) s_group[g] = gsize >= 2 ? b1 + b2 : b1;
+      if (lane == 0) s_group.score[g] = gsize >= 2 ? b1 + b2 : b1;
     }
     __syncthreads();
     // keep the topk_group best groups (ties: lower index): each group counts its betters
     auto rank_of = [&](int g) {
-      float const v = s_group[g];
+      float const v = s_group.score[g];
       int rank = 0;
       for (int o = 0; o < a.n_group; ++o) {
-        float const w = s_group[o];
+        float const w = s_group.score[o];
         rank += (w > v || (w == v && o < g)) ? 1 : 0;
       }
       return rank;
@@ -189,7 +323,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
       // every warp ranks the groups itself (lane o group o; a ballot is the keep mask), so no barrier before the warps
       // take the kept groups (2 keys per lane); then warp 0 merges the topk_group · top_k candidates
       unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank_of(lane) < a.topk_group);
-      for (int g = warp; g < a.n_group; g += int(blockDim.x >> 5)) {
+      for (int g = warp; g < a.n_group; g += nwarps) {
         if (!((keep >> g) & 1u)) continue;
         int const j = __popc(keep & ((1u << g) - 1u));
         int const e0 = g * gsize + lane, e1 = e0 + 32;
@@ -200,7 +334,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
           unsigned long long const best = warp_max_u64_fast(k0 > k1 ? k0 : k1);
           if (k0 == best) k0 = 0ull;
           if (k1 == best) k1 = 0ull;
-          if (lane == k) s_cand[j * a.top_k + k] = best;
+          if (lane == k) s_cand.key[j * a.top_k + k] = best;
         }
       }
       __syncthreads();
@@ -212,11 +346,42 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
       __syncthreads();
     }
   }
-  // the top-k by warp 0 (no block barriers): the two-stage merge, or one warp over all experts; then the picks and
-  // their weights, written once (one inlined copy of each step)
+  // the top-k by warp 0 (no block barriers), then the picks and their weights, written once (one inlined copy)
   if (warp != 0) return;
-  int const chosen = two ? router_topk_merge(a, s_cand[lane]) : router_topk_warp(a, s_sel);
-  router_write_picks(a, s_score, chosen, out_idx, out_w, out_idx2, out_w2);
+  int chosen;
+  float w;
+  float const* s_w;  // the picks' weights in order
+  if (ranked) {
+    // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
+    // slot has the lower id (slots follow the group index, then the rank in the group), so the same count of greater
+    // keys and lower lanes' equal keys ranks them. The picks in order go through the keys' scratch (no longer read).
+    int const nc = a.topk_group * a.top_k;
+    std::uint32_t const key = s_cand.rank.key[lane];
+    int const id = lane < nc ? s_cand.rank.id[lane] : 0;
+    float const wl = lane < nc ? s_score[id] : 0.f;
+    std::uint32_t gt, ge;
+    router_rank_masks(s_cand.rank.key, key, 0u, gt, ge);
+    int const r = __popc(gt) + __popc(__match_any_sync(0xffffffffu, key) & below);
+    int* const s_pick = reinterpret_cast<int*>(s_sel);
+    float* const s_pick_w = s_sel + 32;
+    if (lane < nc && r < a.top_k) {
+      s_pick[r] = id;
+      s_pick_w[r] = wl;
+    }
+    __syncwarp();
+    chosen = lane < a.top_k ? s_pick[lane] : 0;
+    w = lane < a.top_k ? s_pick_w[lane] : 0.f;
+    s_w = s_pick_w;
+  } else {
+    // the two-stage merge, or one warp over all experts; the weights in order then replace the scores in s_sel
+    chosen = two ? router_topk_merge(a, s_cand.key[lane]) : router_topk_warp(a, s_sel);
+    w = lane < a.top_k ? s_score[chosen] : 0.f;
+    __syncwarp();  // every lane's reads of s_sel are done
+    if (lane < a.top_k) s_sel[lane] = w;
+    __syncwarp();
+    s_w = s_sel;
+  }
+  router_write_picks(a, chosen, w, s_w, out_idx, out_w, out_idx2, out_w2);
 }
 
 template <class K>
@@ -269,7 +434,8 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   if (!s_last) return;
   __threadfence();
   RouteSel const sel{a.logits, a.bias, int(a.w.rows), a.top_k, a.n_group, a.topk_group, a.norm_topk_prob, a.routed_scaling};
-  __shared__ float s_score[kRouterMaxExperts], s_sel[kRouterMaxExperts];
+  __shared__ float s_score[kRouterMaxExperts];
+  __shared__ __align__(16) float s_sel[kRouterMaxExperts];  // the ranked path loads its keys 16 bytes at a time
   router_select_block(sel, s_score, s_sel, a.idx, a.weights);
   if (threadIdx.x == 0) *a.counter = 0u;  // re-armed for the next launch (no other block reads it any more)
 }
