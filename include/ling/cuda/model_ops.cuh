@@ -430,6 +430,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
     // LING_ROUTE_AHEAD=0: the selection loads its logits itself (A/B measurements)
     static bool const ahead = !env_off("LING_ROUTE_AHEAD");
     k.route_ahead = ahead ? 1 : 0;
+    static bool const ranked = !env_off("LING_ROUTER_RANKED");  // 0: the two-stage selection (A/B measurements)
+    k.route.ranked = ranked ? 1 : 0;
     if (a.router) {
       require(a.router->format == MatFormat::kBf16 && fast_rows(*a.router) && a.grid_bar && a.router->rows == a.route->experts,
               ErrorCode::kInternal, "moe: router rows in launch A need a BF16 router of whole 16-byte chunks and a barrier");

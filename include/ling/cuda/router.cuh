@@ -29,6 +29,7 @@ struct RouteSel {
   float const* bias = nullptr;
   int experts = 0, top_k = 0, n_group = 1, topk_group = 1, norm_topk_prob = 0;
   float routed_scaling = 1.f;
+  int ranked = 1;  // 0: the ranked path is not taken (LING_ROUTER_RANKED=0 in the model: A/B measurements)
 };
 
 // The selection's first inputs in registers, loaded ahead of the caller's other prologue work (MoE launch A: the
@@ -200,7 +201,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   int const gsize = E / a.n_group;
   bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
   // ranked path: a group is one or two 32-expert chunks, which the first pass's warps cover whole; s_sel holds keys
-  bool const ranked = grouped && (gsize == 32 || gsize == 64) && a.topk_group * a.top_k <= 32 &&
+  bool const ranked = a.ranked && grouped && (gsize == 32 || gsize == 64) && a.topk_group * a.top_k <= 32 &&
                       (blockDim.x & 31u) == 0 && (reinterpret_cast<std::uintptr_t>(s_sel) & 15u) == 0;
   // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k lists)
   bool const two = !ranked && grouped && gsize <= 64 && a.topk_group * a.top_k <= 32 && a.n_group <= 32;
