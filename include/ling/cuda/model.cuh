@@ -509,7 +509,6 @@ class CudaModel {
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
-    router_tags_ = scratch<unsigned long long>(std::max<std::int64_t>(c.num_experts, 1));
     head_counter_ = scratch<unsigned>(1);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
@@ -659,9 +658,6 @@ class CudaModel {
         if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
-          // LING_TAGGED_LOGITS=0: the grid barrier instead of the tagged exchange (A/B measurements)
-          static bool const tagged = !env_off("LING_TAGGED_LOGITS");
-          a.router_tags = tagged ? router_tags_ : nullptr;
         } else if (!skipped("router")) {
           // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
           if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});
@@ -759,7 +755,6 @@ class CudaModel {
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
-  unsigned long long* router_tags_ = nullptr;  // MoE launch A's tagged logit slots (router rows in launch A)
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;

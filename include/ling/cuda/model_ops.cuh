@@ -371,9 +371,6 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // with router and grid_bar: experts × 8 bytes, zero at allocation; launch A's blocks exchange their logits through
-  // these tagged slots instead of meeting at the grid barrier (moe.cuh tagged_logits_wait), or null
-  unsigned long long* router_tags = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
@@ -438,7 +435,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.router = matrix_args(*a.router);
       k.router_out = a.route->logits;
       k.grid_bar = a.grid_bar;
-      k.router_tags = a.router_tags;
     }
   }
   k.top_k = a.top_k;

@@ -61,10 +61,6 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // Tagged logit slots (route.experts × 8 bytes, zero at allocation; the launcher sets it only when every block holds
-  // all the logits in registers: experts ≤ kRouteAhead × threads): set, the blocks exchange their logits through these
-  // slots, each written with its round's tag, instead of router_out and the grid barrier (tagged_logits_wait).
-  unsigned long long* router_tags = nullptr;
   int prefetch_down = 0;        // the streamed launch A prefetches launch B's routed down rows into L2 (moe_b_prefetch_on)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
@@ -161,34 +157,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
     }
   }
   __syncthreads();
-}
-
-// The tagged exchange of launch A's router logits (no grid barrier): each block arrives on the round counter as for
-// grid_barrier (one atomic, right after its PDL wait; grid_round.hpp) but does not wait for the others there; the
-// returned value names the round, and tag = round + 1 (never 0, the slots' value at allocation). A block writes each
-// of its logits as one 64-bit store {tag, float bits}; every thread then polls the slots of the experts it holds in
-// registers (RouteAhead) until they carry this round's tag. The last logit thus reaches every block one L2 round trip
-// after it is written, instead of the barrier's atomic, poll and release followed by a load of all the logits. Safe
-// for the same reason as the barrier: the next round's writes come after the next launch A's PDL wait, so after this
-// launch has ended. Bounded like the barrier: a slot that never gets its tag (impossible when the launcher's checks
-// hold) traps.
-__device__ __forceinline__ void tagged_logit_store(unsigned long long* slot, unsigned tag, float v) {
-  unsigned long long const w = (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(slot), "l"(w) : "memory");
-}
-__device__ __forceinline__ void tagged_logits_wait(unsigned long long const* slots, int experts, unsigned tag, RouteAhead& r) {
-#pragma unroll
-  for (int k = 0; k < kRouteAhead; ++k) {
-    int const e = int(threadIdx.x) + k * int(blockDim.x);
-    if (e >= experts) break;
-    unsigned long long v;
-    for (unsigned n = 0;; ++n) {
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(slots + e) : "memory");
-      if (unsigned(v >> 32) == tag) break;
-      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
-    }
-    r.l[k] = __uint_as_float(unsigned(v));
-  }
 }
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
@@ -1080,8 +1048,13 @@ cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float cons
 // requested before the first one is decoded. What depends on no earlier kernel (the shared expert's rows) is copied
 // before the PDL wait.
 inline constexpr int kStreamMaxStages = 4;
-inline constexpr int kStreamRowsA = 2;        // routed gate/up row pairs per tile (MXFP4: 5 KB at hidden 2560)
-inline constexpr int kStreamSharedRowsA = 1;  // shared-expert row pairs per tile (FP8: the same 5 KB)
+// Launch A's tiles: 4 routed gate/up row pairs (MXFP4: 11 KB at hidden 2560) and 2 shared-expert row pairs (FP8: 10 KB).
+// At Ling's shapes that is 1 920 tiles, at most one per warp of 16 warps × 132 blocks, all requested at once (one ring
+// stage each); with 2 and 1 row pairs (3 840 tiles, two stages) a third of the warps decoded two routed tiles one
+// after the other, and each tile paid its copy and setup instructions. Measured on the H200 (2026-12-02, context 0,
+// same binary): −0.03 ms per token (docs/performance.md, session 14).
+inline constexpr int kStreamRowsA = 4;
+inline constexpr int kStreamSharedRowsA = 2;
 inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all top_k experts' rows + the shared one)
 
 struct StreamPlan {
@@ -1198,7 +1171,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait as the first commit
   // group into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after the
   // selection; router_rows_in_ring checked that this buffer exists for every router warp)
-  bool const rin = a.router.data != nullptr, tagged = rin && a.router_tags != nullptr;
+  bool const rin = a.router.data != nullptr;
   std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
   bool const rmine = rin && rrow < a.router.rows;
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
@@ -1206,42 +1179,28 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
-  bool const ahead = a.route.logits && (a.route_ahead || tagged);  // the tagged exchange fills RouteAhead
+  bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  // the tagged exchange's arrival, in flight while the input is staged (its value is stored after the staging, so that
-  // warp 0 does not wait for the atomic before it stages)
-  __shared__ unsigned s_tag;
-  unsigned long long arrival = 0;
-  if (tagged && threadIdx.x == 0) arrival = atomicAdd(a.grid_bar, grid_round::increment(blockIdx.x, gridDim.x));
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (rin) {
-    if (tagged && threadIdx.x == 0) s_tag = unsigned(arrival >> 32) + 1u;
     cp_async_wait(0);  // the router row (the only committed group: the tiles' copies are not committed yet)
     __syncthreads();   // the staged input is complete
-    unsigned const tag = tagged ? s_tag : 0u;
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
-      if (lane == 0) {
-        if (tagged) tagged_logit_store(a.router_tags + rrow, tag, v);
-        else a.router_out[rrow] = v;
-      }
+      if (lane == 0) a.router_out[rrow] = v;
     }
-    if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the exchange (a uniform branch)
+    if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the barrier (a uniform branch)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    if (tagged) {
-      tagged_logits_wait(a.router_tags, a.route.experts, tag, ra);
-    } else {
-      grid_barrier(a.grid_bar);
-      if (ahead) route_ahead_logits(a.route, ra);
-    }
-    if (a.trace_mid == 3) trace_mark(a.trace_a, 2);  // thread 0 has its logits (a measurement point)
+    grid_barrier(a.grid_bar);
+    if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
+    if (ahead) route_ahead_logits(a.route, ra);
   }
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
@@ -1663,8 +1622,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};
       }
-      // the tagged exchange needs every block to hold all the logits in registers (tagged_logits_wait)
-      if (!b.router.data || b.route.experts > kRouteAhead * w * 32) b.router_tags = nullptr;
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
