@@ -1052,7 +1052,8 @@ inline constexpr int kStreamMaxStages = 4;
 // At Ling's shapes that is 1 920 tiles, at most one per warp of 16 warps × 132 blocks, all requested at once (one ring
 // stage each); with 2 and 1 row pairs (3 840 tiles, two stages) a third of the warps decoded two routed tiles one
 // after the other, and each tile paid its copy and setup instructions. Measured on the H200 (2026-12-02, context 0,
-// same binary): −0.03 ms per token (docs/performance.md, session 14).
+// session 13's code with only this change, alternated with it in one process): 2.534 against 2.545 ms per token
+// (docs/performance.md, session 14).
 inline constexpr int kStreamRowsA = 4;
 inline constexpr int kStreamSharedRowsA = 2;
 inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all top_k experts' rows + the shared one)
