@@ -175,6 +175,86 @@ __device__ __forceinline__ void router_rank_masks(std::uint32_t const* keys, std
   for (int j = 0; j < 32; ++j) ge |= std::uint32_t(k[j] >= ub) << j;
 }
 
+// The selection's paths other than the ranked one (router_select_block: the two-stage grouped top-k, or groups dropped
+// and one warp over all experts), after the scores are in s_score and s_sel (block synchronized); the group scores,
+// keep flags and candidate keys go through the caller's shared arrays. Out of line: MoE launch A inlines the
+// selection in every block and at Ling's shapes only ever takes the ranked path, and unexecuted code in launch A
+// measured ~0.1 ms per token (H200, session 14: instruction fetch). Ends like router_select_block.
+inline __device__ __noinline__ void router_select_rest(RouteSel a, float* s_score, float* s_sel, float* s_gscore,
+                                                       unsigned char* s_keep, unsigned long long* s_key, bool two,
+                                                       int* out_idx, float* out_w, int* out_idx2, float* out_w2) {
+  int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x >> 5);
+  float const ninf = __uint_as_float(0xFF800000u);
+  int const gsize = E / a.n_group;
+  bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
+  if (grouped) {
+    // group score = sum of the two largest biased scores of the group (one warp per group)
+    for (int g = warp; g < a.n_group; g += nwarps) {  // any block size (the streamed MoE has 9+ warps)
+      float b1 = ninf, b2 = ninf;
+      for (int i = lane; i < gsize; i += 32) {
+        float v = s_sel[g * gsize + i];
+        if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) b2 = v;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
+        float n1 = fmaxf(b1, o1);
+        float n2 = fmaxf(fminf(b1, o1), fmaxf(b2, o2));
+        b1 = n1;
+        b2 = n2;
+      }
+      __syncwarp();
+      if (lane == 0) s_gscore[g] = gsize >= 2 ? b1 + b2 : b1;
+    }
+    __syncthreads();
+    // keep the topk_group best groups (ties: lower index): each group counts its betters
+    auto rank_of = [&](int g) {
+      float const v = s_gscore[g];
+      int rank = 0;
+      for (int o = 0; o < a.n_group; ++o) {
+        float const w = s_gscore[o];
+        rank += (w > v || (w == v && o < g)) ? 1 : 0;
+      }
+      return rank;
+    };
+    if (two) {
+      // every warp ranks the groups itself (lane o group o; a ballot is the keep mask), so no barrier before the warps
+      // take the kept groups (2 keys per lane); then warp 0 merges the topk_group · top_k candidates
+      unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank_of(lane) < a.topk_group);
+      for (int g = warp; g < a.n_group; g += nwarps) {
+        if (!((keep >> g) & 1u)) continue;
+        int const j = __popc(keep & ((1u << g) - 1u));
+        int const e0 = g * gsize + lane, e1 = e0 + 32;
+        unsigned long long k0 = lane < gsize ? argmax_key(s_sel[e0], e0) : 0ull;
+        unsigned long long k1 = lane + 32 < gsize ? argmax_key(s_sel[e1], e1) : 0ull;
+#pragma unroll 1
+        for (int k = 0; k < a.top_k; ++k) {
+          unsigned long long const best = warp_max_u64_fast(k0 > k1 ? k0 : k1);
+          if (k0 == best) k0 = 0ull;
+          if (k1 == best) k1 = 0ull;
+          if (lane == k) s_key[j * a.top_k + k] = best;
+        }
+      }
+      __syncthreads();
+    } else {
+      if (threadIdx.x < a.n_group) s_keep[threadIdx.x] = rank_of(int(threadIdx.x)) < a.topk_group ? 1 : 0;
+      __syncthreads();
+      for (int e = threadIdx.x; e < E; e += blockDim.x)
+        if (!s_keep[e / gsize]) s_sel[e] = ninf;
+      __syncthreads();
+    }
+  }
+  // the top-k by warp 0 (no block barriers): the two-stage merge, or one warp over all experts; the weights in order
+  // then replace the scores in s_sel
+  if (warp != 0) return;
+  int const chosen = two ? router_topk_merge(a, s_key[lane]) : router_topk_warp(a, s_sel);
+  float const w = lane < a.top_k ? s_score[chosen] : 0.f;
+  __syncwarp();  // every lane's reads of s_sel are done
+  if (lane < a.top_k) s_sel[lane] = w;
+  __syncwarp();
+  router_write_picks(a, chosen, w, s_sel, out_idx, out_w, out_idx2, out_w2);
+}
+
 // The selection by one block (all its threads call it; it synchronizes the block): lane k of warp 0 writes pick k
 // to out_idx[k] and its weight to out_w[k] (global or shared memory; the caller synchronizes before reading them).
 // s_score and s_sel: the caller's shared scratch of a.experts floats each (MoE launch A lends it part of its dynamic
@@ -197,7 +277,6 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
     } rank;
   } s_cand;
   int const E = a.experts, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x >> 5);
-  float const ninf = __uint_as_float(0xFF800000u);
   int const gsize = E / a.n_group;
   bool const grouped = a.n_group > 1 && a.topk_group < a.n_group;
   // ranked path: a group is one or two 32-expert chunks, which the first pass's warps cover whole; s_sel holds keys
@@ -227,162 +306,94 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
   if ((two || ranked) && threadIdx.x < 32) s_cand.key[threadIdx.x] = 0ull;
   __syncthreads();
+  if (!ranked) {
+    router_select_rest(a, s_score, s_sel, s_group.score, s_keep, s_cand.key, two, out_idx, out_w, out_idx2, out_w2);
+    return;
+  }
   std::uint32_t const below = (1u << lane) - 1u;
-  if (ranked) {
-    int const nh = gsize >> 5;
-    // warps j < topk_group: the group scores at lanes g (b1 + b2 from the group's chunks), each group's rank among
-    // them (ties: lower index) by shuffles, the keep mask by a ballot; then warp j ranks the j-th kept group's experts
-    if (warp < a.topk_group) {
-      float v = 0.f;
-      if (lane < a.n_group) {
-        uint2 t = s_group.top2[lane * nh];
-        if (nh == 2) {
-          uint2 const o = s_group.top2[lane * 2 + 1];
-          t = make_uint2(umax(t.x, o.x), umax(umin(t.x, o.x), umax(t.y, o.y)));
-        }
-        v = ordered_float(t.x) + ordered_float(t.y);
+  int const nh = gsize >> 5;
+  // warps j < topk_group: the group scores at lanes g (b1 + b2 from the group's chunks), each group's rank among
+  // them (ties: lower index) by shuffles, the keep mask by a ballot; then warp j ranks the j-th kept group's experts
+  if (warp < a.topk_group) {
+    float v = 0.f;
+    if (lane < a.n_group) {
+      uint2 t = s_group.top2[lane * nh];
+      if (nh == 2) {
+        uint2 const o = s_group.top2[lane * 2 + 1];
+        t = make_uint2(umax(t.x, o.x), umax(umin(t.x, o.x), umax(t.y, o.y)));
       }
-      int rank = 0;
-#pragma unroll 1
-      for (int o0 = 0; o0 < a.n_group; o0 += 8) {  // n_group <= 32 here; the eight shuffles before their compares
-        float w[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = __shfl_sync(0xffffffffu, v, o0 + i);
-        std::uint32_t better = 0u;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          int const o = o0 + i;
-          better |= std::uint32_t((o < a.n_group) & ((w[i] > v) | ((w[i] == v) & (o < lane)))) << i;
-        }
-        rank += __popc(better);
-      }
-      unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank < a.topk_group);
-      for (int j = warp; j < a.topk_group; j += nwarps) {
-        int const g = __ffs(__ballot_sync(0xffffffffu, ((keep >> lane) & 1u) && __popc(keep & below) == j)) - 1;
-        // lane l ranks experts l (key ka) and 32 + l (kb) of the group against all its experts. The first chunk's
-        // ids are all lower than the second's, so the keys larger than ka are the keys > ka and ka's equals in lower
-        // lanes (match.any), and those larger than kb are the keys >= kb but kb itself and its equals in higher
-        // lanes. The matches follow the first chunk's compares (not the key loads, which would hold back the
-        // chunk's loads), so that the second chunk's hide their latency.
-        std::uint32_t const* const keys = reinterpret_cast<std::uint32_t const*>(s_sel) + g * gsize;
-        std::uint32_t const ka = keys[lane], kb = nh == 2 ? keys[32 + lane] : 0u;
-        int ra = 0, rb = 0;
-#pragma unroll 1
-        for (int h = 0; h < gsize; h += 32) {
-          std::uint32_t gt, ge;
-          router_rank_masks(keys + h, ka, kb, gt, ge);
-          if (h == 0) {
-            ra += __popc(__match_any_sync(0xffffffffu, ka) & below);
-            if (nh == 2) rb -= __popc(__match_any_sync(0xffffffffu, kb) & ~below);
-          }
-          ra += __popc(gt);
-          rb += __popc(ge);
-        }
-        int const c0 = j * a.top_k, e = g * gsize + lane;
-        if (ra < a.top_k) {
-          s_cand.rank.key[c0 + ra] = ka;
-          s_cand.rank.id[c0 + ra] = e;
-        }
-        if (nh == 2 && rb < a.top_k) {
-          s_cand.rank.key[c0 + rb] = kb;
-          s_cand.rank.id[c0 + rb] = e + 32;
-        }
-      }
+      v = ordered_float(t.x) + ordered_float(t.y);
     }
-    __syncthreads();
-  } else if (grouped) {
-    // group score = sum of the two largest biased scores of the group (one warp per group)
-    for (int g = warp; g < a.n_group; g += nwarps) {  // any block size (the streamed MoE has 9+ warps)
-      float b1 = ninf, b2 = ninf;
-      for (int i = lane; i < gsize; i += 32) {
-        float v = s_sel[g * gsize + i];
-        if (v > b1) { b2 = b1; b1 = v; } else if (v > b2) b2 = v;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        float o1 = __shfl_xor_sync(0xffffffffu, b1, o), o2 = __shfl_xor_sync(0xffffffffu, b2, o);
-        float n1 = fmaxf(b1, o1);
-        float n2 = fmaxf(fminf(b1, o1), fmaxf(b2, o2));
-        b1 = n1;
-        b2 = n2;
-      }
-      __syncwarp();
-      if (lane == 0) s_group.score[g] = gsize >= 2 ? b1 + b2 : b1;
-    }
-    __syncthreads();
-    // keep the topk_group best groups (ties: lower index): each group counts its betters
-    auto rank_of = [&](int g) {
-      float const v = s_group.score[g];
-      int rank = 0;
-      for (int o = 0; o < a.n_group; ++o) {
-        float const w = s_group.score[o];
-        rank += (w > v || (w == v && o < g)) ? 1 : 0;
-      }
-      return rank;
-    };
-    if (two) {
-      // every warp ranks the groups itself (lane o group o; a ballot is the keep mask), so no barrier before the warps
-      // take the kept groups (2 keys per lane); then warp 0 merges the topk_group · top_k candidates
-      unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank_of(lane) < a.topk_group);
-      for (int g = warp; g < a.n_group; g += nwarps) {
-        if (!((keep >> g) & 1u)) continue;
-        int const j = __popc(keep & ((1u << g) - 1u));
-        int const e0 = g * gsize + lane, e1 = e0 + 32;
-        unsigned long long k0 = lane < gsize ? argmax_key(s_sel[e0], e0) : 0ull;
-        unsigned long long k1 = lane + 32 < gsize ? argmax_key(s_sel[e1], e1) : 0ull;
+    int rank = 0;
 #pragma unroll 1
-        for (int k = 0; k < a.top_k; ++k) {
-          unsigned long long const best = warp_max_u64_fast(k0 > k1 ? k0 : k1);
-          if (k0 == best) k0 = 0ull;
-          if (k1 == best) k1 = 0ull;
-          if (lane == k) s_cand.key[j * a.top_k + k] = best;
-        }
+    for (int o0 = 0; o0 < a.n_group; o0 += 8) {  // n_group <= 32 here; the eight shuffles before their compares
+      float w[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) w[i] = __shfl_sync(0xffffffffu, v, o0 + i);
+      std::uint32_t better = 0u;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        int const o = o0 + i;
+        better |= std::uint32_t((o < a.n_group) & ((w[i] > v) | ((w[i] == v) & (o < lane)))) << i;
       }
-      __syncthreads();
-    } else {
-      if (threadIdx.x < a.n_group) s_keep[threadIdx.x] = rank_of(int(threadIdx.x)) < a.topk_group ? 1 : 0;
-      __syncthreads();
-      for (int e = threadIdx.x; e < E; e += blockDim.x)
-        if (!s_keep[e / gsize]) s_sel[e] = ninf;
-      __syncthreads();
+      rank += __popc(better);
+    }
+    unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank < a.topk_group);
+    for (int j = warp; j < a.topk_group; j += nwarps) {
+      int const g = __ffs(__ballot_sync(0xffffffffu, ((keep >> lane) & 1u) && __popc(keep & below) == j)) - 1;
+      // lane l ranks experts l (key ka) and 32 + l (kb) of the group against all its experts. The first chunk's
+      // ids are all lower than the second's, so the keys larger than ka are the keys > ka and ka's equals in lower
+      // lanes (match.any), and those larger than kb are the keys >= kb but kb itself and its equals in higher
+      // lanes. The matches follow the first chunk's compares (not the key loads, which would hold back the
+      // chunk's loads), so that the second chunk's hide their latency.
+      std::uint32_t const* const keys = reinterpret_cast<std::uint32_t const*>(s_sel) + g * gsize;
+      std::uint32_t const ka = keys[lane], kb = nh == 2 ? keys[32 + lane] : 0u;
+      int ra = 0, rb = 0;
+#pragma unroll 1
+      for (int h = 0; h < gsize; h += 32) {
+        std::uint32_t gt, ge;
+        router_rank_masks(keys + h, ka, kb, gt, ge);
+        if (h == 0) {
+          ra += __popc(__match_any_sync(0xffffffffu, ka) & below);
+          if (nh == 2) rb -= __popc(__match_any_sync(0xffffffffu, kb) & ~below);
+        }
+        ra += __popc(gt);
+        rb += __popc(ge);
+      }
+      int const c0 = j * a.top_k, e = g * gsize + lane;
+      if (ra < a.top_k) {
+        s_cand.rank.key[c0 + ra] = ka;
+        s_cand.rank.id[c0 + ra] = e;
+      }
+      if (nh == 2 && rb < a.top_k) {
+        s_cand.rank.key[c0 + rb] = kb;
+        s_cand.rank.id[c0 + rb] = e + 32;
+      }
     }
   }
-  // the top-k by warp 0 (no block barriers), then the picks and their weights, written once (one inlined copy)
+  __syncthreads();
+  // the top-k by warp 0 (no block barriers), then the picks and their weights
   if (warp != 0) return;
-  int chosen;
-  float w;
-  float const* s_w;  // the picks' weights in order
-  if (ranked) {
-    // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
-    // slot has the lower id (slots follow the group index, then the rank in the group), so the same count of greater
-    // keys and lower lanes' equal keys ranks them. The picks in order go through the keys' scratch (no longer read).
-    int const nc = a.topk_group * a.top_k;
-    std::uint32_t const key = s_cand.rank.key[lane];
-    int const id = lane < nc ? s_cand.rank.id[lane] : 0;
-    float const wl = lane < nc ? s_score[id] : 0.f;
-    std::uint32_t gt, ge;
-    router_rank_masks(s_cand.rank.key, key, 0u, gt, ge);
-    int const r = __popc(gt) + __popc(__match_any_sync(0xffffffffu, key) & below);
-    int* const s_pick = reinterpret_cast<int*>(s_sel);
-    float* const s_pick_w = s_sel + 32;
-    if (lane < nc && r < a.top_k) {
-      s_pick[r] = id;
-      s_pick_w[r] = wl;
-    }
-    __syncwarp();
-    chosen = lane < a.top_k ? s_pick[lane] : 0;
-    w = lane < a.top_k ? s_pick_w[lane] : 0.f;
-    s_w = s_pick_w;
-  } else {
-    // the two-stage merge, or one warp over all experts; the weights in order then replace the scores in s_sel
-    chosen = two ? router_topk_merge(a, s_cand.key[lane]) : router_topk_warp(a, s_sel);
-    w = lane < a.top_k ? s_score[chosen] : 0.f;
-    __syncwarp();  // every lane's reads of s_sel are done
-    if (lane < a.top_k) s_sel[lane] = w;
-    __syncwarp();
-    s_w = s_sel;
+  // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
+  // slot has the lower id (slots follow the group index, then the rank in the group), so the same count of greater
+  // keys and lower lanes' equal keys ranks them. The picks in order go through the keys' scratch (no longer read).
+  int const nc = a.topk_group * a.top_k;
+  std::uint32_t const key = s_cand.rank.key[lane];
+  int const id = lane < nc ? s_cand.rank.id[lane] : 0;
+  float const wl = lane < nc ? s_score[id] : 0.f;
+  std::uint32_t gt, ge;
+  router_rank_masks(s_cand.rank.key, key, 0u, gt, ge);
+  int const r = __popc(gt) + __popc(__match_any_sync(0xffffffffu, key) & below);
+  int* const s_pick = reinterpret_cast<int*>(s_sel);
+  float* const s_pick_w = s_sel + 32;
+  if (lane < nc && r < a.top_k) {
+    s_pick[r] = id;
+    s_pick_w[r] = wl;
   }
-  router_write_picks(a, chosen, w, s_w, out_idx, out_w, out_idx2, out_w2);
+  __syncwarp();
+  int const chosen = lane < a.top_k ? s_pick[lane] : 0;
+  float const w = lane < a.top_k ? s_pick_w[lane] : 0.f;
+  router_write_picks(a, chosen, w, s_pick_w, out_idx, out_w, out_idx2, out_w2);
 }
 
 template <class K>
