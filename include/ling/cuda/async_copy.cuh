@@ -26,16 +26,12 @@ __device__ __forceinline__ void cp_async16(void* dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most n of this thread's committed groups are pending (n clamped to 0..7).
+// Waits until at most n of this thread's committed groups are pending (n clamped to 0..3).
 __device__ __forceinline__ void cp_async_wait(int n) {
   if (n <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
   else if (n == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
   else if (n == 2) asm volatile("cp.async.wait_group 2;" ::: "memory");
-  else if (n == 3) asm volatile("cp.async.wait_group 3;" ::: "memory");
-  else if (n == 4) asm volatile("cp.async.wait_group 4;" ::: "memory");
-  else if (n == 5) asm volatile("cp.async.wait_group 5;" ::: "memory");
-  else if (n == 6) asm volatile("cp.async.wait_group 6;" ::: "memory");
-  else asm volatile("cp.async.wait_group 7;" ::: "memory");
+  else asm volatile("cp.async.wait_group 3;" ::: "memory");
 }
 
 // Bytes [p, p + n) of global memory widened to 16-byte bounds so that they can be copied in 16-byte pieces: copy

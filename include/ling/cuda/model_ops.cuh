@@ -438,7 +438,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
     }
   }
   k.top_k = a.top_k;
-  k.prefetch_down = kernels::moe_b_prefetch_mode();
+  k.prefetch_down = kernels::moe_b_prefetch_on() ? 1 : 0;
   k.routed_limit = a.limit;
   k.trace_a = trace_next();
   k.trace_b = k.trace_a ? k.trace_a + kTraceRegion : nullptr;

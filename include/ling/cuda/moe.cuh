@@ -61,7 +61,7 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
-  int prefetch_down = 0;        // the streamed launch A prefetches launch B's rows into L2 (moe_b_prefetch_mode)
+  int prefetch_down = 0;        // the streamed launch A prefetches launch B's routed down rows into L2 (moe_b_prefetch_on)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -78,43 +78,28 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
   }
 }
 
-// LING_MOE_B_PREFETCH (opt-in, measurements): the streamed launch A asks the L2 for launch B's rows once it knows the
-// picks (the routed experts' down rows and block scales, 8 × 1 MB at Ling's shapes, then the shared expert's down
-// rows), one prefetch per 128-byte line. A hint only: the results do not change. 1: every thread of the grid right
-// after its block's own copies (session 9; measured slower in session 10: 2.700 against 2.668 ms/token at context 0,
-// H200: the prefetches compete with launch A's own reads); 2: each routed tile's warp once that tile's first copy
-// group has landed. In session 9's handoff experiment, rows in L2 made launch B's part after its wait 1.8 µs shorter
-// (5.9 against 7.7).
-inline int moe_b_prefetch_mode() {
+// LING_MOE_B_PREFETCH=1 (opt-in; written in session 9, measured slower in session 10: 2.700 against 2.668 ms/token at
+// context 0, H200): once the streamed launch A knows the picks,
+// its blocks ask the L2 for launch B's routed down rows of those experts (each block a 1/grid share of the lines: about
+// one prefetch per thread at Ling's shapes, 8 × 1 MB), while launch A itself reads only ~1.6 TB/s. Launch B's rows then
+// come from the L2 after its wait: in session 9's handoff experiment, rows in L2 made launch B's part after its wait
+// 1.8 µs shorter (5.9 against 7.7). A hint only: the results do not change.
+inline bool moe_b_prefetch_on() {
   char const* e = std::getenv("LING_MOE_B_PREFETCH");
-  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+  return e && *e == '1';
 }
-// Lines first, first + stride, ... of launch B's rows: the top_k routed experts' down matrices in slot order (ids in
-// s_idx), then the shared expert's (sdown; has_shared). Out of line: launch A calls it from its decode loop only when
-// the opt-in is set, and inlined it would sit between the loop's hot code (its arguments by value: a kernel
-// parameter passed by reference would be copied to local memory).
-inline __device__ __noinline__ void moe_prefetch_down(MatrixArgs down, MatrixArgs sdown, int top_k, bool has_shared,
-                                                      int const* s_idx, int first, int stride) {
-  // line counts fit 32 bits: an expert's down matrix is at most a few MB
-  int const dl = int((down.rows * down.ld + 127) >> 7);            // lines of one expert's codes
-  int const sl = int((down.rows * (down.cols >> 5) + 127) >> 7);   // and of its block scales
-  int const per = dl + sl, routed = per * top_k;
-  // the shared expert (block FP8): its codes, then its 128 × 128 block scales (floats)
-  int const sdl = has_shared ? int((sdown.rows * sdown.ld + 127) >> 7) : 0;
-  int const ssl = has_shared ? int((((sdown.rows + 127) >> 7) * ((sdown.cols + 127) >> 7) * 4 + 127) >> 7) : 0;
-  int const total = routed + sdl + ssl;
-  for (int i = first; i < total; i += stride) {
-    if (i >= routed) {
-      int const k = i - routed;
-      prefetch_l2(k < sdl ? static_cast<char const*>(sdown.data) + (std::int64_t(k) << 7)
-                          : static_cast<char const*>(sdown.scales) + (std::int64_t(k - sdl) << 7));
-      continue;
-    }
-    int const s = i / per, k = i - s * per;
+__device__ __forceinline__ void moe_prefetch_down(MoeArgs const& a, int const* s_idx) {
+  std::int64_t const dl = (a.down.rows * a.down.ld + 127) >> 7;                  // lines of one expert's codes
+  std::int64_t const sl = (a.down.rows * (a.down.cols >> 5) + 127) >> 7;         // and of its block scales
+  std::int64_t const per = dl + sl, total = per * a.top_k;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    int const s = int(i / per);
+    std::int64_t const k = i - std::int64_t(s) * per;
     int const e = s_idx[s];
-    if (e < 0 || e >= down.count) continue;
-    prefetch_l2(k < dl ? static_cast<char const*>(batch_data<quant::Mxfp4>(down, e)) + (std::int64_t(k) << 7)
-                       : static_cast<char const*>(batch_scales<quant::Mxfp4>(down, e)) + (std::int64_t(k - dl) << 7));
+    if (e < 0 || e >= a.down.count) continue;
+    prefetch_l2(k < dl ? static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + (k << 7)
+                       : static_cast<char const*>(batch_scales<quant::Mxfp4>(a.down, e)) + ((k - dl) << 7));
   }
 }
 
@@ -771,7 +756,7 @@ MoeArgs moe_args(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   a.top_k = step.top_k;
   a.routed_limit = step.routed_limit;
   a.shared_limit = step.shared_limit;
-  a.prefetch_down = moe_b_prefetch_mode();
+  a.prefetch_down = moe_b_prefetch_on() ? 1 : 0;
   return a;
 }
 
@@ -1057,9 +1042,8 @@ cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float cons
 // ---- streamed MoE: each warp copies its next tiles into shared memory (cp.async; async_copy.cuh) ---------------------
 // One block per SM of kW warps. The block's tiles (a tile: a few rows of every matrix it needs, plus the span of their
 // scales) are dealt to its warps round robin; each warp keeps a private ring of `stages` tile buffers, issues the
-// copies of its first `stages` tiles at once, and then for each tile waits for its own copies (commit groups per
-// tile: launch A two, its first half of row pairs then the rest, moe_split_a; launch B one), decodes it from shared
-// memory, and reuses the buffer for its next tile. No block-wide synchronization after
+// copies of its first `stages` tiles at once, and then for each tile waits for its own copies (one commit group per
+// tile), decodes it from shared memory, and reuses the buffer for its next tile. No block-wide synchronization after
 // the prologue, and the weight bytes in flight do not depend on registers: at Ling's shapes every tile of a block is
 // requested before the first one is decoded. What depends on no earlier kernel (the shared expert's rows) is copied
 // before the PDL wait.
@@ -1077,7 +1061,6 @@ inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all 
 struct StreamPlan {
   int stages = 0, stage_bytes = 0, prologue_bytes = 0;  // per warp: stages buffers of stage_bytes
   int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
-  int split = 0;                                        // launch A: routed row pairs in a tile's first copy group
   int tiles_per_slot = 0, shared_tiles = 0, tiles = 0;
   int slot_bytes = 0;                                   // launch B: one routed slot's region of a buffer
 };
@@ -1122,24 +1105,19 @@ __global__ void __launch_bounds__(kW * 32, 1)
   unsigned char* const ring = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes +
                               std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
   int const R = sp.rows, R2 = sp.srows, ncb = (cols + 127) >> 7;
-  // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
-  int const L = (nblk % 16 == 0) ? 16 : 32, step = 32 / L;
-  int const S = (sp.split + step - 1) / step * step;  // routed row pairs in a tile's first copy group (step multiple)
   std::int64_t const rb = a.gate.ld, srb = a.has_shared ? a.sgate.ld : 0;  // bytes per row (uint8 storage)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
   std::int64_t const scap = span16_cap(std::int64_t(R) * nblk), sscap = span16_cap(std::int64_t(ncb) * 4);
   auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
-  // the copies of group `half` of this warp's m-th tile into buffer m % D (uncommitted): a routed tile's first group
-  // holds its first S row pairs and all its scales, the second the other row pairs; a shared tile is all in its first
-  auto issue = [&](int m, int half) {
+  // the copies of this warp's m-th tile into buffer m % D (uncommitted)
+  auto issue = [&](int m) {
     int const t = tile_of(m);
     unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
     if constexpr (kCompact) {
       // copy k of the tile: gate rows, up rows, gate scales, up scales (shared-expert or routed)
       char const *s0, *s1, *s2, *s3;
-      std::int64_t n01, n23, o0 = 0, o1, o2, o3;
+      std::int64_t n01, n23, o1, o2, o3;
       if (t < sp.shared_tiles) {
-        if (half) return;
         std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
         std::int64_t const so = (r0 >> 7) * ncb * 4;
         s0 = static_cast<char const*>(a.sgate.data) + r0 * srb;
@@ -1156,20 +1134,17 @@ __global__ void __launch_bounds__(kW * 32, 1)
         s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
         s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
         s3 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk;
-        std::int64_t const h0 = nr < S ? nr : S;  // row pairs of the first group
-        n01 = (half ? nr - h0 : h0) * rb, n23 = half ? 0 : nr * nblk;
-        o0 = half ? h0 * rb : 0, o1 = R * rb + o0, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
-        s0 += o0, s1 += o0;
+        n01 = nr * rb, n23 = nr * nblk;
+        o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
       }
 #pragma unroll 1
       for (int k = 0; k < 4; ++k) {
         char const* const src = k == 0 ? s0 : k == 1 ? s1 : k == 2 ? s2 : s3;
-        std::int64_t const off = k == 0 ? o0 : k == 1 ? o1 : k == 2 ? o2 : o3;
+        std::int64_t const off = k == 0 ? 0 : k == 1 ? o1 : k == 2 ? o2 : o3;
         warp_copy(dst + off, span16(src, k < 2 ? n01 : n23));
       }
       return;
     }
-    if (half) return;  // the inlined copies (LING_MOE_ISSUE=0): the whole tile in its first group
     if (t < sp.shared_tiles) {
       std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
       std::int64_t const so = (r0 >> 7) * ncb * 4;
@@ -1203,7 +1178,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
   if (rmine) router_row_copy(a.router, rrow, rsm);
   if (rin) cp_async_commit();
-  for (int m = 0; m < pre; ++m) issue(m, 0);  // shared tiles: one group
+  for (int m = 0; m < pre; ++m) issue(m);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1230,24 +1205,22 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
-  // two commit groups per tile: groups 2m and 2m + 1 close after tile m's halves (the pre-wait copies in group 2m)
-#pragma unroll 1
-  for (int g = 0; g < 2 * D; ++g) {  // one call site of the inlined copies per loop (code size)
-    int const m = g >> 1;
-    if (m >= pre && m < mine) issue(m, g & 1);
+  // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
+  for (int m = 0; m < D; ++m) {
+    if (m >= pre && m < mine) issue(m);
     cp_async_commit();
   }
-  if (a.prefetch_down == 1)  // after this block's own copies
-    moe_prefetch_down(a.down, a.sdown, a.top_k, a.has_shared, s_idx, b * int(blockDim.x) + int(threadIdx.x), G * int(blockDim.x));
+  if (a.prefetch_down) moe_prefetch_down(a, s_idx);  // after this block's own copies
   e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
   if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
 
-  int const sub = lane / L, sl = lane % L;
+  // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
+  int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
-    cp_async_wait(2 * D - 1);  // tile m's first group has landed (two groups are committed per iteration)
+    cp_async_wait(D - 1);  // groups 0..m have landed (one group is committed per iteration)
     __syncwarp();
     int const t = tile_of(m);
     unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
@@ -1280,15 +1253,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      // LING_MOE_B_PREFETCH=2: launch B's rows asked for once this tile's first group has landed, a share per routed
-      // tile (its index among them), so that they follow launch A's own reads instead of competing with them
-      if (a.prefetch_down == 2)
-        moe_prefetch_down(a.down, a.sdown, a.top_k, a.has_shared, s_idx, tr * 32 + lane, (sp.tiles - sp.shared_tiles) * 32);
-      for (int i0 = 0; i0 < nr; i0 += step) {
-        if (i0 == S) {  // the tile's second group
-          cp_async_wait(2 * D - 2);
-          __syncwarp();
-        }
+      for (int i0 = 0; i0 < nr; i0 += 32 / L) {
         int const i = i0 + sub;
         float ag = 0.f, au = 0.f;
         if (i < nr) {
@@ -1320,12 +1285,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
       }
     }
     __syncwarp();  // every lane has read the buffer before it is refilled
-    bool const next = m + D < mine;
-#pragma unroll 1
-    for (int hf = 0; hf < 2; ++hf) {
-      if (next) issue(m + D, hf);
-      cp_async_commit();
-    }
+    if (m + D < mine) issue(m + D);
+    cp_async_commit();
   }
   cp_async_wait(0);
   trace_end(a.trace_a);
@@ -1516,13 +1477,6 @@ inline void moe_stream_rows_a(int& rows, int& srows) {
   int r = 0, s = 0;
   if (e && std::sscanf(e, "%d,%d", &r, &s) == 2 && r >= 2 && r <= 8 && r % 2 == 0 && s >= 1 && s <= 8) rows = r, srows = s;
 }
-// Launch A's routed tiles in two commit groups (LING_MOE_SPLIT_A=0: one, A/B measurements): the first half of a tile's
-// row pairs (and its scales), then the rest. All tiles are requested at once after the selection and land over the
-// ~4 µs the DRAM takes for them; with one group a warp decoded nothing until the last byte of its tile had landed, so
-// most of the decode (~2000 instructions per warp at Ling's shapes) came after the whole burst.
-inline bool moe_split_a() {
-  return !env_off("LING_MOE_SPLIT_A");
-}
 // LING_MOE_STREAM_STAGES=n caps the ring stages per warp (measurements: n = 1 is launch A's plan before the selection's
 // scratch moved into dynamic shared memory).
 inline int moe_stream_stage_cap() {
@@ -1646,7 +1600,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     if (a.has_shared && (!aligned16(a.sgate.data, a.sgate.ld) || !aligned16(a.sup.data, a.sup.ld))) return false;
     StreamPlan sp;
     moe_stream_rows_a(sp.rows, sp.srows);
-    sp.split = moe_split_a() ? (sp.rows + 1) / 2 : sp.rows;
     sp.tiles_per_slot = int((a.gate.rows + sp.rows - 1) / sp.rows);
     sp.shared_tiles = a.has_shared ? int((a.sgate.rows + sp.srows - 1) / sp.srows) : 0;
     sp.tiles = sp.shared_tiles + a.top_k * sp.tiles_per_slot;
