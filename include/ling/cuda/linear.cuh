@@ -325,6 +325,11 @@ __device__ __forceinline__ unsigned trace_block() { return blockIdx.x + gridDim.
 __device__ __forceinline__ void trace_mark(unsigned long long* t, int p) {
   if (t && threadIdx.x == 0 && trace_block() < unsigned(kTraceBlocks)) t[trace_block() * kTracePhases + p] = global_ns();
 }
+// Point p of the block's record as the latest of its warps' calls (lane 0 of each calling warp).
+__device__ __forceinline__ void trace_mark_max(unsigned long long* t, int p) {
+  if (t && (threadIdx.x & 31) == 0 && trace_block() < unsigned(kTraceBlocks))
+    atomicMax(&t[trace_block() * kTracePhases + p], global_ns());
+}
 __device__ __forceinline__ void trace_end(unsigned long long* t) {
   if (t && (threadIdx.x & 31) == 0 && trace_block() < unsigned(kTraceBlocks))
     atomicMax(&t[trace_block() * kTracePhases + 3], global_ns());

@@ -61,11 +61,11 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
-  int prefetch_down = 0;        // the streamed launch A prefetches launch B's routed down rows into L2 (moe_b_prefetch_on)
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
-  // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier.
+  // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
+  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
 };
 
@@ -75,31 +75,6 @@ __device__ __forceinline__ void stage_idx(int* s_idx, float* s_w, MoeArgs const&
     int e = a.idx[s];
     s_idx[s] = (e >= 0 && e < a.gate.count) ? e : -1;
     if (s_w) s_w[s] = a.weights[s];
-  }
-}
-
-// LING_MOE_B_PREFETCH=1 (opt-in; written in session 9, measured slower in session 10: 2.700 against 2.668 ms/token at
-// context 0, H200): once the streamed launch A knows the picks,
-// its blocks ask the L2 for launch B's routed down rows of those experts (each block a 1/grid share of the lines: about
-// one prefetch per thread at Ling's shapes, 8 × 1 MB), while launch A itself reads only ~1.6 TB/s. Launch B's rows then
-// come from the L2 after its wait: in session 9's handoff experiment, rows in L2 made launch B's part after its wait
-// 1.8 µs shorter (5.9 against 7.7). A hint only: the results do not change.
-inline bool moe_b_prefetch_on() {
-  char const* e = std::getenv("LING_MOE_B_PREFETCH");
-  return e && *e == '1';
-}
-__device__ __forceinline__ void moe_prefetch_down(MoeArgs const& a, int const* s_idx) {
-  std::int64_t const dl = (a.down.rows * a.down.ld + 127) >> 7;                  // lines of one expert's codes
-  std::int64_t const sl = (a.down.rows * (a.down.cols >> 5) + 127) >> 7;         // and of its block scales
-  std::int64_t const per = dl + sl, total = per * a.top_k;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
-    int const s = int(i / per);
-    std::int64_t const k = i - std::int64_t(s) * per;
-    int const e = s_idx[s];
-    if (e < 0 || e >= a.down.count) continue;
-    prefetch_l2(k < dl ? static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + (k << 7)
-                       : static_cast<char const*>(batch_scales<quant::Mxfp4>(a.down, e)) + ((k - dl) << 7));
   }
 }
 
@@ -756,7 +731,6 @@ MoeArgs moe_args(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   a.top_k = step.top_k;
   a.routed_limit = step.routed_limit;
   a.shared_limit = step.shared_limit;
-  a.prefetch_down = moe_b_prefetch_on() ? 1 : 0;
   return a;
 }
 
@@ -1210,7 +1184,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (m >= pre && m < mine) issue(m);
     cp_async_commit();
   }
-  if (a.prefetch_down) moe_prefetch_down(a, s_idx);  // after this block's own copies
+  if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
   e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
@@ -1222,6 +1196,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   for (int m = 0; m < mine; ++m) {
     cp_async_wait(D - 1);  // groups 0..m have landed (one group is committed per iteration)
     __syncwarp();
+    if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
     unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
     if (t < sp.shared_tiles) {
