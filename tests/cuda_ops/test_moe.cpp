@@ -223,11 +223,12 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
       }
     }
   }
-  // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1), with its tile copies inlined
-  // (LING_MOE_ISSUE=0), and with tiles of 2, 4 and 6 routed and 1, 2 and 3 shared row pairs (LING_MOE_ROWS_A: partial
-  // last tiles at 160 and 37 rows) at the same shapes
+  // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1), with one ring stage per warp
+  // (LING_MOE_STREAM_STAGES=1: at the smaller shapes warps then refill their buffer, each buffer's barrier through
+  // more than one phase), and with tiles of 2, 4 and 6 routed and 1, 2 and 3 shared row pairs (LING_MOE_ROWS_A:
+  // partial last tiles at 160 and 37 rows) at the same shapes
   setenv("LING_MOE_STREAM", "1", 1);
-  for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_ISSUE=0", "LING_MOE_ROWS_A=2,1", "LING_MOE_ROWS_A=4,2",
+  for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_STREAM_STAGES=1", "LING_MOE_ROWS_A=2,1", "LING_MOE_ROWS_A=4,2",
                           "LING_MOE_ROWS_A=6,3"}) {
     std::string const kv(var);
     std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
@@ -243,6 +244,19 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
     }
     unsetenv(name.c_str());
   }
+  // more tiles than warps (2 routed row pairs per tile: 3 840 tiles at Ling's shapes on 132 × 16 warps; 2 per tile of
+  // 4 096 rows at the last shape): a warp decodes a tile and refills its buffer, each buffer's barrier in its second
+  // and third phases with one stage (and with two: the second tile in its own buffer)
+  setenv("LING_MOE_ROWS_A", "2,1", 1);
+  for (char const* stages : {"1", "2"}) {
+    CAPTURE(stages);
+    setenv("LING_MOE_STREAM_STAGES", stages, 1);
+    setenv("LING_MOE_STREAM_WARPS_A", "16", 1);
+    check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
+    check_moe<quant::Mxfp4, quant::Fp8Block>(256, 4096, 64, 16, 8, 4.0f, 5.0f);
+  }
+  unsetenv("LING_MOE_STREAM_STAGES");
+  unsetenv("LING_MOE_ROWS_A");
   unsetenv("LING_MOE_STREAM");
   unsetenv("LING_MOE_STREAM_WARPS");
   unsetenv("LING_MOE_STREAM_WARPS_A");

@@ -56,4 +56,38 @@ __device__ __forceinline__ void warp_copy(void* dst, Span16 const& s) {
     cp_async16(static_cast<char*>(dst) + off, s.src + off);
 }
 
+// ---- Hopper bulk copies (cp.async.bulk, sm_90) completing on an mbarrier ----------------------------------------
+// One instruction copies a whole contiguous span (16-byte aligned source and destination, a multiple of 16 bytes);
+// the barrier's phase completes when its expected bytes have landed. Used by one lane per copy: unlike cp.async, the
+// copy's cost does not grow with its size, which matters where a warp requests kilobytes at once (MoE launch A).
+__device__ __forceinline__ void mbar_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Makes mbarrier initializations visible to the async proxy (the bulk copies' completions); then synchronize the
+// threads that use the barriers.
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// Orders this thread's earlier generic-proxy accesses to shared memory before later bulk copies into it.
+__device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The arrival of the barrier's one expected thread, announcing `bytes` of copies that complete on it.
+__device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint32_t bytes) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+// Copies `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar.
+__device__ __forceinline__ void bulk_copy(void* dst, void const* src, std::uint32_t bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(smem_u32(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+
 }  // namespace ling::cuda::kernels

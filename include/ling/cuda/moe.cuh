@@ -1058,15 +1058,17 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
-// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). kCompact: a tile's four
-// copies through one copy loop (the sources chosen first), not four inlined loops per tile kind and call site (ncu of
-// the model's instance: 36% of the stall cycles waiting for an instruction fetch; LING_MOE_ISSUE=0 for the inlined
-// copies).
-template <int kW, bool kBiased, bool kCompact>
+// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). A tile arrives by four
+// bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier). With cp.async (16 bytes per
+// lane and instruction, ~22 per lane for a tile of 11 KB) the warps took 2.1 µs (median block; last 3.3) after the
+// selection to issue their tiles' copies (step timeline, LING_TRACE_MOEA=5, H200, 2026-12-02), so the DRAM was fed
+// gradually while it had nothing else to read.
+template <int kW, bool kBiased>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
   __shared__ int s_idx[kMoeMaxTopK];
+  __shared__ std::uint64_t s_bar[kW * kStreamMaxStages];
   __shared__ __align__(8) std::uint32_t s_tab[2];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
@@ -1083,69 +1085,58 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
   std::int64_t const scap = span16_cap(std::int64_t(R) * nblk), sscap = span16_cap(std::int64_t(ncb) * 4);
   auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
-  // the copies of this warp's m-th tile into buffer m % D (uncommitted)
+  // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
+  std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
+  // the copies of this warp's m-th tile into buffer m % D: lane 0 issues four bulk copies (gate rows, up rows, gate
+  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier
   auto issue = [&](int m) {
+    if (lane != 0) return;
     int const t = tile_of(m);
     unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
-    if constexpr (kCompact) {
-      // copy k of the tile: gate rows, up rows, gate scales, up scales (shared-expert or routed)
-      char const *s0, *s1, *s2, *s3;
-      std::int64_t n01, n23, o1, o2, o3;
-      if (t < sp.shared_tiles) {
-        std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
-        std::int64_t const so = (r0 >> 7) * ncb * 4;
-        s0 = static_cast<char const*>(a.sgate.data) + r0 * srb;
-        s1 = static_cast<char const*>(a.sup.data) + r0 * srb;
-        s2 = static_cast<char const*>(a.sgate.scales) + so;
-        s3 = static_cast<char const*>(a.sup.scales) + so;
-        n01 = nr * srb, n23 = std::int64_t(ncb) * 4;
-        o1 = R2 * srb, o2 = 2 * R2 * srb, o3 = 2 * R2 * srb + sscap;
-      } else {
-        int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
-        std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
-        int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
-        s0 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb;
-        s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
-        s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
-        s3 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk;
-        n01 = nr * rb, n23 = nr * nblk;
-        o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
-      }
-#pragma unroll 1
-      for (int k = 0; k < 4; ++k) {
-        char const* const src = k == 0 ? s0 : k == 1 ? s1 : k == 2 ? s2 : s3;
-        std::int64_t const off = k == 0 ? 0 : k == 1 ? o1 : k == 2 ? o2 : o3;
-        warp_copy(dst + off, span16(src, k < 2 ? n01 : n23));
-      }
-      return;
-    }
+    char const *s0, *s1, *s2, *s3;
+    std::int64_t n01, n23, o1, o2, o3;
     if (t < sp.shared_tiles) {
       std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
       std::int64_t const so = (r0 >> 7) * ncb * 4;
-      warp_copy(dst, span16(static_cast<char const*>(a.sgate.data) + r0 * srb, nr * srb));
-      warp_copy(dst + R2 * srb, span16(static_cast<char const*>(a.sup.data) + r0 * srb, nr * srb));
-      warp_copy(dst + 2 * R2 * srb, span16(static_cast<char const*>(a.sgate.scales) + so, std::int64_t(ncb) * 4));
-      warp_copy(dst + 2 * R2 * srb + sscap, span16(static_cast<char const*>(a.sup.scales) + so, std::int64_t(ncb) * 4));
+      s0 = static_cast<char const*>(a.sgate.data) + r0 * srb;
+      s1 = static_cast<char const*>(a.sup.data) + r0 * srb;
+      s2 = static_cast<char const*>(a.sgate.scales) + so;
+      s3 = static_cast<char const*>(a.sup.scales) + so;
+      n01 = nr * srb, n23 = std::int64_t(ncb) * 4;
+      o1 = R2 * srb, o2 = 2 * R2 * srb, o3 = 2 * R2 * srb + sscap;
     } else {
       int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
       std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
       int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
-      warp_copy(dst, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb, nr * rb));
-      warp_copy(dst + R * rb, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb, nr * rb));
-      warp_copy(dst + 2 * R * rb, span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk, nr * nblk));
-      warp_copy(dst + 2 * R * rb + scap,
-                span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk, nr * nblk));
+      s0 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb;
+      s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
+      s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
+      s3 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk;
+      n01 = nr * rb, n23 = nr * nblk;
+      o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
     }
+    Span16 const c0 = span16(s0, n01), c1 = span16(s1, n01), c2 = span16(s2, n23), c3 = span16(s3, n23);
+    std::uint64_t* const bar = bars + m % D;
+    mbar_arrive_expect(bar, c0.bytes + c1.bytes + c2.bytes + c3.bytes);
+    bulk_copy(dst, c0.src, c0.bytes, bar);
+    bulk_copy(dst + o1, c1.src, c1.bytes, bar);
+    bulk_copy(dst + o2, c2.src, c2.bytes, bar);
+    bulk_copy(dst + o3, c3.src, c3.bytes, bar);
   };
 
   pdl_trigger();
   trace_mark(a.trace_a, 0);
-  // this warp's leading shared-expert tiles, issued before the wait (their commit groups are closed below, in tile order)
+  if (lane == 0) {
+    for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  // this warp's leading shared-expert tiles, issued before the wait
   int pre = 0;
   while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) ++pre;
-  // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait as the first commit
-  // group into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after the
-  // selection; router_rows_in_ring checked that this buffer exists for every router warp)
+  // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait (cp.async, the only
+  // commit group) into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after
+  // the selection; router_rows_in_ring checked that this buffer exists for every router warp)
   bool const rin = a.router.data != nullptr;
   std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
   bool const rmine = rin && rrow < a.router.rows;
@@ -1163,7 +1154,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (rin) {
-    cp_async_wait(0);  // the router row (the only committed group: the tiles' copies are not committed yet)
+    cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
@@ -1179,11 +1170,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
-  // one commit group per tile: group m closes after tile m's copies (the pre-wait ones included)
-  for (int m = 0; m < D; ++m) {
-    if (m >= pre && m < mine) issue(m);
-    cp_async_commit();
-  }
+  fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
+  for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
   e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
@@ -1194,8 +1182,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
-    cp_async_wait(D - 1);  // groups 0..m have landed (one group is committed per iteration)
-    __syncwarp();
+    mbar_wait(bars + m % D, unsigned(m / D) & 1u);  // tile m has landed
     if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
     unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
@@ -1259,11 +1246,12 @@ __global__ void __launch_bounds__(kW * 32, 1)
           h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
       }
     }
-    __syncwarp();  // every lane has read the buffer before it is refilled
-    if (m + D < mine) issue(m + D);
-    cp_async_commit();
+    if (m + D < mine) {
+      __syncwarp();  // every lane has read the buffer before it is refilled
+      fence_proxy_async_smem();
+      issue(m + D);
+    }
   }
-  cp_async_wait(0);
   trace_end(a.trace_a);
 }
 
@@ -1424,10 +1412,6 @@ inline bool moe_q8u_on() {
   char const* e = std::getenv("LING_MOE_Q8U");
   return e && *e == '1';
 }
-// LING_MOE_ISSUE=0: launch A's tile copies inlined per tile kind and call site (the A/B baseline of kCompact).
-inline bool moe_issue_compact() {
-  return !env_off("LING_MOE_ISSUE");
-}
 // Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
 // the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
 // 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
@@ -1584,7 +1568,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
-    bool const biased = moe_q8u_on(), compact = moe_issue_compact();
+    bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
     auto go = [&](auto kernel, int w) {
@@ -1601,13 +1585,9 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    if (warps == 20 && !biased && compact) return go(moe_gate_up_stream_kernel<20, false, true>, 20);
-    if (warps == 8) {
-      if (biased) return go(moe_gate_up_stream_kernel<8, true, true>, 8);
-      return compact ? go(moe_gate_up_stream_kernel<8, false, true>, 8) : go(moe_gate_up_stream_kernel<8, false, false>, 8);
-    }
-    if (biased) return go(moe_gate_up_stream_kernel<16, true, true>, 16);
-    return compact ? go(moe_gate_up_stream_kernel<16, false, true>, 16) : go(moe_gate_up_stream_kernel<16, false, false>, 16);
+    if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
+    if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
+    return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
   }
 }
 
