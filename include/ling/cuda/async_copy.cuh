@@ -11,7 +11,9 @@
 // block, one copy per piece of a tile) issued one copy per ~180 cycles (ncu: the producer's copy loop, a waterfall
 // over lanes because the instruction takes uniform registers, stalled on each copy), so the consumers waited ~13 µs
 // at the block barrier for the producer of MoE launch B (160 copies per SM of 48-768 bytes): launch A 16.0 µs and
-// B 23.0 µs against 14.4 and 11.5 for the register kernels.
+// B 23.0 µs against 14.4 and 11.5 for the register kernels. Since 2026-12-02 MoE launch A's tiles arrive by bulk copies
+// that each warp issues for itself (four per tile, a few KB each), which measured faster than cp.async there
+// (docs/kernels.md, session 15).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1059,10 +1059,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
 // kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). A tile arrives by four
-// bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier). With cp.async (16 bytes per
-// lane and instruction, ~22 per lane for a tile of 11 KB) the warps took 2.1 µs (median block; last 3.3) after the
-// selection to issue their tiles' copies (step timeline, LING_TRACE_MOEA=5, H200, 2026-12-02), so the DRAM was fed
-// gradually while it had nothing else to read.
+// bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier) instead of cp.async (16 bytes
+// per lane and instruction, ~22 per lane for a tile of 11 KB): 2.486 against 2.506 ms/token at context 0, launch A
+// 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
 template <int kW, bool kBiased>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
