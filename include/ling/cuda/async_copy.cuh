@@ -81,7 +81,9 @@ __device__ __forceinline__ void bulk_copy(void* dst, void const* src, std::uint3
                "l"(src), "r"(bytes), "r"(smem_u32(bar))
                : "memory");
 }
-// Waits until the barrier's phase of the given parity has completed.
+// Waits until the barrier's phase of the given parity has completed. The phase completes once its one arrival and all
+// the bytes it announced are in; callers announce exactly the bytes of the copies they issue on it, so the wait ends
+// (a copy that faults aborts the kernel with an error instead).
 __device__ __forceinline__ void mbar_wait(std::uint64_t* bar, unsigned parity) {
   std::uint32_t done = 0;
   do {
