@@ -1074,7 +1074,7 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // per lane and instruction, ~22 per lane for a tile of 11 KB): 2.486 against 2.506 ms/token at context 0, launch A
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
 // kTabReg: q8_chunk's table word from a register (e2m1_tab_load) instead of an immediate, which ptxas rebuilt before
-// every PRMT: 174 instead of 202 instructions per chunk in the decode loop (cuobjdump). LING_MOE_TABREG=1 (opt-in,
+// every PRMT: 173 instead of 202 instructions per chunk in the decode loop, 96 registers instead of 106 (cuobjdump). LING_MOE_TABREG=1 (opt-in,
 // written in session 15 after the device time ran out; compile-checked, not measured). A separate instance, so the
 // default kernel's code does not change (launch A measured sensitive to code it does not execute).
 template <int kW, bool kBiased, bool kTabReg = false>
