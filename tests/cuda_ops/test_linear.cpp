@@ -180,6 +180,34 @@ TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits an
   }
 }
 
+// Rows that the usual grid (two blocks of 8 warps per SM) would give some warps twice run on blocks of 10 or 12 warps,
+// one row per warp (matvec_lane_one_warps; on the H200's 132 SMs: 2113..2640 rows take 10 warps, up to 3168 take 12).
+// The same sums as the pipelined kernel and as the usual grid (LING_MATVEC_ONE=0): the same bits.
+TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and matches the CPU") {
+  LING_REQUIRE_GPU();
+  for (std::vector<std::int64_t> rows : {std::vector<std::int64_t>{2560}, std::vector<std::int64_t>{2000, 1000, 3},
+                                         std::vector<std::int64_t>{2200}, std::vector<std::int64_t>{1100, 1100, 900}}) {
+    std::int64_t total = 0;
+    for (auto r : rows) total += r;
+    CAPTURE(total);
+    MultiSet<quant::Fp8Block> set(4096, rows);
+    auto const x = randn(4096);
+    auto launch = [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); };
+    setenv("LING_MATVEC_LANE", "0", 1);
+    auto const pipe = set.run(x, launch);
+    unsetenv("LING_MATVEC_LANE");
+    setenv("LING_MATVEC_ONE", "0", 1);
+    auto const usual = set.run(x, launch);
+    unsetenv("LING_MATVEC_ONE");
+    auto const out = set.run(x, launch);
+    CHECK(rel_l2(out, set.ref(x)) < 1e-5);
+    REQUIRE(out.size() == pipe.size());
+    REQUIRE(out.size() == usual.size());
+    CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(out.data(), usual.data(), out.size() * sizeof(float)) == 0);
+  }
+}
+
 // LING_FP8_DOT=f16 (opt-in): each chunk's products summed in f16 pairs, x in f16 per 128-column block scaled by a power
 // of two. Not bit-identical to the fp32 path: ~1e-3 relative. Whole and ragged rows, an input spanning 8 octaves
 // within a block (the block scale keeps the small ones above f16's subnormals), and a NaN that must reach its rows.

@@ -987,16 +987,20 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
   return f.x + f.y;
 }
 
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
+// kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
+// that is resident at once, so no warp takes a second row after the others are done.
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
+__global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro) {
   using P = policy_of<K>;
   static_assert(std::is_same_v<P, quant::Fp8Block>, "lane-fixed chunks: block FP8 rows (16 columns per chunk)");
+  static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
+  constexpr bool kOne = kBW > kWarps;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = int(threadIdx.x & 31);
-  std::int64_t const stride = std::int64_t(gridDim.x) * kWarps;
-  std::int64_t t = std::int64_t(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  std::int64_t const stride = std::int64_t(gridDim.x) * kBW;
+  std::int64_t t = std::int64_t(blockIdx.x) * kBW + (threadIdx.x >> 5);
   std::int64_t const total = a.task_begin[a.count];
   int const nchunks = int(a.m[0].ld / 16);  // every matrix has this ld (the launcher checks)
   pdl_trigger();
@@ -1008,7 +1012,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  pipe_prologue<P>(a, x, pro, xs, t + stride);
+  pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
   [[maybe_unused]] uint4 const* xh4 = nullptr;
@@ -1046,6 +1050,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_lane_kernel(Multi
     if (float const* res = a.residual[i]) v += res[r];
     if (lane == 0) a.out[i][r] = v;
   };
+  if constexpr (kOne) {
+    if (t < total) finish(t, ci, r0);
+    trace_end(a.trace);
+    return;
+  }
   int ni = ci;
   while (t < total) {  // two register sets in turn: r0 holds task t, r1 takes task t + stride
     std::int64_t tn = t + stride;
@@ -1400,6 +1409,16 @@ inline bool matvec_fp8_h16() {
   char const* e = std::getenv("LING_FP8_DOT");
   return e && std::strcmp(e, "f16") == 0;
 }
+// Warps per block of matvec_lane_kernel's one-row instances for `total` rows (0: the usual blocks of kWarps). When
+// the usual grid (two blocks of kWarps per SM) would give some warps a second row, one block of w > kWarps warps per
+// w rows, two per SM, gives each warp one row: KDA's o_proj (2560 rows) had 448 warps with a second row, a ~2 µs tail
+// (step timeline, H200, 2026-12-02). Instances: 10 and 12 warps. LING_MATVEC_ONE=0 turns this off (A/B).
+inline int matvec_lane_one_warps(std::int64_t total) {
+  if (env_off("LING_MATVEC_ONE")) return 0;
+  std::int64_t const two = 2 * std::int64_t(sm_count());
+  if (total <= two * kWarps) return 0;
+  return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
+}
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
   using P = policy_of<K>;
@@ -1415,6 +1434,15 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
+      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
+        if (smem > 48 * 1024) {
+          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+          if (e != cudaSuccess) return e;
+        }
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro);
+      };
+      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !matvec_fp8_h16())
+        return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);

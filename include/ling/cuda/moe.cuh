@@ -263,19 +263,17 @@ __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, in
 }
 
 // Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1.
-// tab_lo: the table's low word, kE2m1TabLo; from a register that holds it (e2m1_tab_load) ptxas does not rebuild the
-// immediate before each PRMT (28 of the 202 instructions of launch A's decode loop per chunk at the immediate).
 template <int NR>
 __device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
-                                         int (&bp)[NR], int (&bn)[NR], std::uint32_t tab_lo = kE2m1TabLo) {
+                                         int (&bp)[NR], int (&bn)[NR]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7 = limb groups 2i (low half) and 2i + 1
     int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
       std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
-      int const p0 = int(prmt_sign(tab_lo, kE2m1TabHi, w)), m0 = int(prmt_sign(tab_lo, kE2m1TabHi, nw));
-      int const p1 = int(prmt_sign(tab_lo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(tab_lo, kE2m1TabHi, nw >> 16));
+      int const p0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w)), m0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw));
+      int const p1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw >> 16));
       ap[n] = __dp4a(p0, xl.x, ap[n]);
       an[n] = __dp4a(m0, xl.x, an[n]);
       bp[n] = __dp4a(p0, xl.y, bp[n]);
@@ -365,15 +363,6 @@ __device__ __forceinline__ void e2m1_tables_load(std::uint32_t const* s_tab, std
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
                : "=r"(pos_lo), "=r"(neg_lo)
                : "r"(std::uint32_t(__cvta_generic_to_shared(s_tab))));
-}
-// The same for q8_chunk's table: s_tab[0] = kE2m1TabLo (e2m1_tab_store, before a __syncthreads), then into a register.
-__device__ __forceinline__ void e2m1_tab_store(std::uint32_t* s_tab) {
-  if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
-}
-__device__ __forceinline__ std::uint32_t e2m1_tab_load(std::uint32_t const* s_tab) {
-  std::uint32_t lo;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(lo) : "r"(std::uint32_t(__cvta_generic_to_shared(s_tab))));
-  return lo;
 }
 
 // Lane partials of rows r of NR Mxfp4 matrices (data[n], scales[n], shape m) against the limbs: Σ over this lane's
@@ -1073,11 +1062,7 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier) instead of cp.async (16 bytes
 // per lane and instruction, ~22 per lane for a tile of 11 KB): 2.486 against 2.506 ms/token at context 0, launch A
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
-// kTabReg: q8_chunk's table word from a register (e2m1_tab_load) instead of an immediate, which ptxas rebuilt before
-// every PRMT: 173 instead of 202 instructions per chunk in the decode loop, 96 registers instead of 106 (cuobjdump). LING_MOE_TABREG=1 (opt-in,
-// written in session 15 after the device time ran out; compile-checked, not measured). A separate instance, so the
-// default kernel's code does not change (launch A measured sensitive to code it does not execute).
-template <int kW, bool kBiased, bool kTabReg = false>
+template <int kW, bool kBiased>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1187,14 +1172,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  if constexpr (kTabReg) e2m1_tab_store(s_tab);
-  else e2m1_tables_store(s_tab);
+  e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
   if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
-  [[maybe_unused]] std::uint32_t tab_lo = kE2m1TabLo;
-  if constexpr (kTabReg) tab_lo = e2m1_tab_load(s_tab);
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1249,8 +1231,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
             } else {
               uint4 const v[2] = {gr[j], ur[j]};
               int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
-              if constexpr (kTabReg) q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn, tab_lo);
-              else q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
+              q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
               ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
               au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
             }
@@ -1430,12 +1411,6 @@ inline bool moe_q8u_on() {
   char const* e = std::getenv("LING_MOE_Q8U");
   return e && *e == '1';
 }
-// LING_MOE_TABREG=1: launch A's streamed kernel (16 warps, unbiased lookup) with its table word in a register
-// (kTabReg; opt-in, not measured yet).
-inline bool moe_tabreg_on() {
-  char const* e = std::getenv("LING_MOE_TABREG");
-  return e && *e == '1';
-}
 // Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
 // the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
 // 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
@@ -1592,7 +1567,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
-    bool const biased = moe_q8u_on(), tabreg = !biased && moe_tabreg_on();
+    bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
     auto go = [&](auto kernel, int w) {
@@ -1609,7 +1584,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    if (tabreg && warps == 16) return go(moe_gate_up_stream_kernel<16, false, true>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
