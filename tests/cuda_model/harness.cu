@@ -77,7 +77,8 @@ std::vector<float> matvec(HostMatrix const& m, std::vector<float> const& x, int 
 
 std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T, std::vector<float> const& xq,
                              std::vector<float> const& xk, std::vector<float> const& xv, std::vector<float> const& f,
-                             std::vector<float> const& b, std::vector<float>* o_ss) {
+                             std::vector<float> const& b, std::vector<float>* o_ss, std::vector<float> const* out_gate,
+                             std::vector<float> const* out_norm_w) {
   std::int64_t const nss = std::int64_t(k.heads) * cuda::kda_ss_parts(k.head_dim);
   if (o_ss) o_ss->clear();
   std::int64_t const P = std::int64_t(k.heads) * k.head_dim;
@@ -85,6 +86,8 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
   auto dq = up(xq), dk = up(xk), dv = up(xv), df = up(f), db = up(b);
   auto dpos = up(std::vector<std::int32_t>{0});
   auto out = poisoned(std::size_t(T * P));
+  DeviceBuffer dog, dow;
+  if (out_gate && out_norm_w) dog = up(*out_gate), dow = up(*out_norm_w);
   for (std::int64_t t = 0; t < T; ++t) {
     std::int32_t pos = std::int32_t(start_pos + t);
     dpos.upload(&pos, 4);
@@ -105,6 +108,7 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
     a.ring = dring.data<float>();
     a.state = ds.data<float>();
     a.o = out.data<float>() + t * P;
+    if (out_gate && out_norm_w) a.out_gate = dog.data<float>() + t * P, a.out_norm_w = dow.data<float>();
     a.position = dpos.data<std::int32_t>();
     a.state_before_wait = t % 2 == 1;  // both orders (the steps are synchronized, so either is safe here)
     DeviceBuffer dss;

@@ -22,8 +22,10 @@ struct HostMatrix {
 };
 std::vector<float> embedding(HostMatrix const& table, std::vector<std::int32_t> const& tokens);
 
-// prologue: 0 plain, 1 rms norm (norm_w [cols]), 2 gated head norm (norm_w [head], gate [cols]), 3 head gate (gate [cols/head])
-// head_ss (prologue 2, optional): each head's Σ x² in ss_parts partials, as the KDA step writes them (KdaStepArgs::o_ss)
+// prologue: 0 plain, 1 rms norm (norm_w [cols]), 2 gated head norm (norm_w [head], gate [cols]), 3 head scale (x already
+// gated, head_ss required)
+// head_ss (prologue 2 optional, 3 required): each head's Σ x² in ss_parts partials, as the KDA step writes them
+// (KdaStepArgs::o_ss)
 std::vector<float> matvec(HostMatrix const& m, std::vector<float> const& x, int prologue, std::vector<float> const& norm_w,
                           std::vector<float> const& gate, int head, float eps, std::vector<float> const* residual,
                           std::vector<float> const* head_ss = nullptr, int ss_parts = 0);
@@ -37,9 +39,12 @@ struct KdaHost {
   std::vector<float> state, ring;             // [H,K,V], [kc, 3P]
 };
 // o_ss (optional): the steps' partial Σ o² [T, H, ceil(head_dim / 16)] (KdaStepArgs::o_ss), poisoned before each step.
+// out_gate [T, P] and out_norm_w [head_dim] (optional, both or neither): o then holds o ⊙ out_norm_w ⊙ sigmoid(gate)
+// (KdaStepArgs::out_gate).
 std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T, std::vector<float> const& xq,
                              std::vector<float> const& xk, std::vector<float> const& xv, std::vector<float> const& f,
-                             std::vector<float> const& b, std::vector<float>* o_ss = nullptr);
+                             std::vector<float> const& b, std::vector<float>* o_ss = nullptr,
+                             std::vector<float> const* out_gate = nullptr, std::vector<float> const* out_norm_w = nullptr);
 
 // MLA: cache rows [0, pos) given (bf16 bits), one decode at position pos; returns O [H·dv] (gated),
 // the new cache row (as floats) and q̂ [H, r+dr].

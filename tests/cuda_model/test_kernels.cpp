@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "ling/cpu/backend.hpp"
@@ -92,13 +93,19 @@ TEST_CASE("matvec in every format, fast and tail paths, with prologues and resid
         xd[h * head + i] = x[h * head + i] * inv * nw[i] / (1.0 + std::exp(-double(g[h * head + i])));
     }
     CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr), ref_matvec(deq, rows, cols, xd)) < 1e-5);
-    // the same with each head's Σ x² given as the KDA step's partials (16 columns each): no reduction in the prologue
-    if (head % 64 == 0) {
-      int const parts = cuda::kda_ss_parts(int(head));
-      std::vector<float> ss(static_cast<std::size_t>(heads * parts), 0.f);
-      for (std::int64_t c = 0; c < cols; ++c) ss[std::size_t(c / cuda::kKdaSsCols)] += x[c] * x[c];
+    // each head's Σ x² as the KDA step's partials (16 columns each)
+    int const parts = cuda::kda_ss_parts(int(head));
+    std::vector<float> ss(static_cast<std::size_t>(heads * parts), 0.f);
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < head; ++i) ss[std::size_t(h * parts + i / cuda::kKdaSsCols)] += x[h * head + i] * x[h * head + i];
+    // the same with the partials given: no reduction in the prologue
+    if (head % 64 == 0)
       CHECK(rel_l2(matvec(m, x, 2, nw, g, int(head), 1e-6f, nullptr, &ss, parts), ref_matvec(deq, rows, cols, xd)) < 1e-5);
-    }
+    // the head-scale prologue (3): x already times w and sigmoid(g), as the KDA step writes it with out_gate; heads of
+    // 128 and 256 on the fused staging, 40 on the general one
+    std::vector<float> z(static_cast<std::size_t>(cols));
+    for (std::int64_t c = 0; c < cols; ++c) z[c] = x[c] * nw[c % head] * float(1.0 / (1.0 + std::exp(-double(g[c]))));
+    CHECK(rel_l2(matvec(m, z, 3, {}, {}, int(head), 1e-6f, nullptr, &ss, parts), ref_matvec(deq, rows, cols, xd)) < 1e-5);
   }
 }
 
@@ -126,7 +133,21 @@ void kda_case(int heads, int hd, bool safe, int T) {
   std::vector<float> ref(static_cast<std::size_t>(T * P));
   cpu::kda_forward_recurrent(cfg, w, st, T, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), ref.data());
   std::vector<float> o_ss;
+  KdaHost kh_gated = kh;
   auto o = kda_steps(kh, warm, T, q, k, v, f, b, &o_ss);
+  // with the gated norm's element-wise factors applied by the step (KdaStepArgs::out_gate): o ⊙ w ⊙ sigmoid(g), the
+  // same partials of the raw o, the same state
+  {
+    std::vector<float> ss_gated;
+    auto og = kda_steps(kh_gated, warm, T, q, k, v, f, b, &ss_gated, &g, &o_norm);
+    std::vector<float> want(o.size());
+    for (std::size_t i = 0; i < o.size(); ++i)
+      want[i] = o[i] * o_norm[i % std::size_t(hd)] * float(1.0 / (1.0 + std::exp(-double(g[i]))));
+    CHECK(rel_l2(og, want) < 1e-6);
+    REQUIRE(ss_gated.size() == o_ss.size());
+    CHECK(std::memcmp(ss_gated.data(), o_ss.data(), o_ss.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(kh_gated.state.data(), kh.state.data(), kh.state.size() * sizeof(float)) == 0);
+  }
   // the partial Σ o² per head and 16 columns (KdaStepArgs::o_ss) against the same sums of the step's own o
   {
     int const parts = cuda::kda_ss_parts(hd);

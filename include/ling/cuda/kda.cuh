@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
     float d = beta * (vs[lane] - kv);
     delta[lane] = d;
     float const ov = qv + kq * d;
-    if (vok) a.o[h * V + v] = ov;
+    if (vok) a.o[h * V + v] = a.out_gate && a.out_norm_w ? ov * a.out_norm_w[v] * kernels::gate_sigmoid(a.out_gate[h * V + v]) : ov;
     if (a.o_ss) {  // two partials of 16 columns per 32-column slice (KdaStepArgs::o_ss)
       static_assert(kKdaCols == 2 * kKdaSsCols);
       float ss = vok ? ov * ov : 0.f;
@@ -189,6 +189,12 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   }
   float const dtb = qk ? a.dt_bias[c] : 0.f;
   float const alog = a.a_log[h];
+  // the output's element-wise factors (KdaStepArgs::out_gate): threads tid < kKdaFastGroups write columns [vc, vc + 4)
+  bool const og = a.out_gate && a.out_norm_w && tid < kKdaFastGroups && colok;
+  float ow[4] = {1.f, 1.f, 1.f, 1.f}, ogt[4] = {0.f, 0.f, 0.f, 0.f};
+  if (og)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) ow[m] = a.out_norm_w[vc + m];
   // The state, the conv ring and the position: before the wait when the caller says no launch this one may overlap
   // writes them (KdaStepArgs::state_before_wait), else after it. Every such load in flight at once.
   float* S = a.state + std::int64_t(h) * K * V;
@@ -215,6 +221,9 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   ops::trace_mark(a.trace, 1);
   if (!a.state_before_wait) load_state();
   float const xq = qk ? a.x_q[c] : 0.f, xk = qk ? a.x_k[c] : 0.f, fx = qk ? a.f[c] : 0.f, xv = vv ? a.x_v[cv] : 0.f;
+  if (og)
+#pragma unroll
+    for (int m = 0; m < 4; ++m) ogt[m] = a.out_gate[std::int64_t(h) * V + vc + m];
   float const bh = a.b[h];
   int const slot = int(t % R);
   float q = 0.f, k = 0.f, dk = 0.f;
@@ -314,7 +323,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
       float const om = qv[m] + kq * dl[m];
-      o[m] = om;
+      o[m] = og ? om * ow[m] * kernels::gate_sigmoid(ogt[m]) : om;
       oss = fmaf(om, om, oss);
     }
   }

@@ -1,8 +1,8 @@
 #pragma once
 // The fused KDA decode step on the GPU (spec §2 "KDA mixer"), one launch per layer after the projections:
 // conv window update + SiLU, q/k l2norm (q · K^-1/2), gate, β, delta-rule update of the fp32 state, o = Sᵀq.
-// The gated RMSNorm of o (o_norm ⊙ sigmoid(W_g u)) is applied by the o_proj matvec's input prologue, which needs
-// the whole head (the step splits a head's V columns over blocks). Launcher in kda.cuh.
+// The gated RMSNorm of o (o_norm ⊙ sigmoid(W_g u)) is completed by the o_proj matvec's input prologue, which needs
+// the whole head (the step splits a head's V columns over blocks; KdaStepArgs::out_gate). Launcher in kda.cuh.
 //
 // Device layouts: state S [H, K, V] fp32 (as cpu::KdaState::s). The conv history is a ring of conv_kernel slots
 // [conv_kernel, 3P] (q channels, then k, then v): slot (t mod conv_kernel) holds the raw input a(t); a zero ring is a
@@ -33,6 +33,12 @@ struct KdaStepArgs {
   // [H, ceil(head_dim / kKdaSsCols)] or null: Σ o² over each head's columns [16 s, 16 s + 16), for the gated head norm
   // of the next launch (o_proj's prologue reads these partials instead of reducing the head itself)
   float* o_ss = nullptr;
+  // Both set: o holds o ⊙ out_norm_w ⊙ sigmoid(out_gate) (per head, out_norm_w [head_dim], out_gate [P]): the gated
+  // head norm's element-wise factors, applied once here instead of by every block of o_proj, which then scales each
+  // head from o_ss (PrologueKind::kHeadScale; o_ss stays the Σ of the raw o²). The same products in the same order as
+  // o_proj's kGatedHeadNorm staging, so o_proj's input has the same bits either way.
+  float const* out_gate = nullptr;
+  float const* out_norm_w = nullptr;
   std::int32_t const* position = nullptr;  // device: the token's position t
   // true: the fast kernel loads the state, the conv ring and the position before its PDL wait, while the launch in
   // front of it still runs. Only for a caller that guarantees no launch this one may overlap writes them (the model's

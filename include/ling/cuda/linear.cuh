@@ -149,6 +149,9 @@ __device__ __forceinline__ float block_sum(float v, float* red) {  // red: 32 fl
 }
 
 inline constexpr int kMaxGatedHeads = 256;
+// The gated head norm's sigmoid, 1 / (1 + e^-t) correctly rounded: one definition for the o_proj staging and the KDA
+// step (KdaStepArgs::out_gate), which must give the same bits.
+__device__ __forceinline__ float gate_sigmoid(float t) { return __frcp_rn(1.0f + expf(-t)); }
 // KDA's gated head norm staging (x, gate, w 16-byte aligned, head 128 or 256, at most kMaxGatedHeads heads):
 // x and gate of each float4 are loaded together and staged as x · w · sigmoid(gate) (w, one head's weights, from L1);
 // the heads' Σ x² gather in s_hs (a warp's 32 float4 of one batch lie in one head: one atomic per warp and head, at
@@ -172,9 +175,9 @@ __device__ __forceinline__ void stage4_gated(float* xs, float* s_hs, float const
       float const ss = s_hs ? warp_sum(fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, v[i].w * v[i].w)))) : 0.f;
       if (c < end) {
         float4 const w = wn[i];
-        auto gate = [](float t) { return __frcp_rn(1.0f + expf(-t)); };  // = 1 / (1 + e^-t), correctly rounded
-        *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * w.x * gate(g[i].x), v[i].y * w.y * gate(g[i].y),
-                                                               v[i].z * w.z * gate(g[i].z), v[i].w * w.w * gate(g[i].w));
+        *reinterpret_cast<float4*>(xs + xpad(c)) =
+            make_float4(v[i].x * w.x * gate_sigmoid(g[i].x), v[i].y * w.y * gate_sigmoid(g[i].y),
+                        v[i].z * w.z * gate_sigmoid(g[i].z), v[i].w * w.w * gate_sigmoid(g[i].w));
         if (s_hs && (threadIdx.x & 31) == 0 && c < nn) atomicAdd(&s_hs[c >> shift], ss);
       }
     }
@@ -186,6 +189,8 @@ __device__ __forceinline__ bool is_aligned16(void const* q) { return (reinterpre
 // stage_input's other cases (unaligned inputs, prologues without fused weights), out of line: every launch inlines
 // stage_input, and what it inlines is code its warps fetch right after their PDL wait (ncu of MoE launch A: instruction
 // fetch was its largest stall). red: 32 floats of shared memory.
+// kHeadScale: PrologueKind::kHeadScale's general path is compiled in (stage_input's kHeadScaleFused).
+template <bool kHeadScale>
 inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                                      InputPrologue const& p, float* red) {
   int const end = int(round32(n_stage)), nn = int(n);
@@ -213,6 +218,15 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
     float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv * p.norm_w[c];
+  } else if (kHeadScale && p.kind == PrologueKind::kHeadScale) {  // the launcher checked head_ss and ss_parts
+    __syncthreads();
+    int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
+    for (int h = warp; h < nn / p.head; h += nwarps) {
+      float part = 0.f;
+      for (int i = lane; i < p.ss_parts; i += 32) part += p.head_ss[std::int64_t(h) * p.ss_parts + i];
+      float const f = rsqrtf(warp_sum(part) / float(p.head) + p.eps) * kXPre;
+      for (int i = lane; i < p.head; i += 32) xs[xpad(h * p.head + i)] *= f;
+    }
   } else if (p.kind == PrologueKind::kGatedHeadNorm) {
     __syncthreads();
     int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
@@ -232,6 +246,9 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
+// kHeadScaleFused: PrologueKind::kHeadScale is compiled in (false, for launches that never get one, MoE and router:
+// their code stays as it was; such a prologue would then be staged like kGatedHeadNorm's plain part, without norm).
+template <bool kHeadScaleFused = true>
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                             InputPrologue const& p) {
   __shared__ float red[32];
@@ -283,11 +300,41 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     }
     return;
   }
+  if constexpr (kHeadScaleFused) if (fused && p.kind == PrologueKind::kHeadScale && is_aligned16(x) && (p.head == 128 || p.head == 256) &&
+      nn % p.head == 0 && nn / p.head <= kMaxGatedHeads && p.ss_parts >= 1 && p.ss_parts <= 32 &&
+      (p.ss_parts & (p.ss_parts - 1)) == 0 && (nn / p.head) * p.ss_parts <= int(blockDim.x)) {
+    // one round trip: this thread's first batch of x and its head partial are loaded together, the partials summed by
+    // shuffles into one factor per head (s_hf), then x is staged times its head's factor
+    __shared__ float s_hf[kMaxGatedHeads];
+    constexpr int kB = 4;
+    int const t = int(threadIdx.x), np = (nn / p.head) * p.ss_parts, shift = p.head == 128 ? 7 : 8;
+    float4 v[kB];
+#pragma unroll
+    for (int i = 0; i < kB; ++i) v[i] = ld_x4(x, 4 * (t + i * int(blockDim.x)), nn);
+    float part = t < np ? p.head_ss[t] : 0.f;
+    for (int o = 1; o < p.ss_parts; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);  // uniform trip count
+    if (t < np && (t & (p.ss_parts - 1)) == 0) s_hf[t / p.ss_parts] = rsqrtf(part * (1.0f / float(p.head)) + p.eps) * kXPre;
+    __syncthreads();
+    for (int base = t;; base += int(blockDim.x) * kB) {
+#pragma unroll
+      for (int i = 0; i < kB; ++i) {
+        int const c = 4 * (base + i * int(blockDim.x));
+        if (c < end) {
+          float const f = c < nn ? s_hf[c >> shift] : 0.f;
+          *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(v[i].x * f, v[i].y * f, v[i].z * f, v[i].w * f);
+        }
+      }
+      if (4 * (base + int(blockDim.x) * kB) >= end) break;
+#pragma unroll
+      for (int i = 0; i < kB; ++i) v[i] = ld_x4(x, 4 * (base + int(blockDim.x) * kB + i * int(blockDim.x)), nn);
+    }
+    return;
+  }
   if (p.kind == PrologueKind::kPlain && is_aligned16(x)) {  // four elements per load (the usual plain case)
     stage4<4>(xs, x, nn, end, kXPre);
     return;
   }
-  stage_input_slow(xs, x, n, n_stage, p, red);
+  stage_input_slow<kHeadScaleFused>(xs, x, n, n_stage, p, red);
 }
 
 // ---- programmatic dependent launch (PDL) ---------------------------------------------------------------------

@@ -254,16 +254,19 @@ inline constexpr int kMaxMultiMatrices = 8;
 
 // A prologue fused into the staging of a kernel's input vector (spec §2 norms), so that no separate launch writes the
 // normalized vector: plain; RMSNorm with a weight (x · rsqrt(mean x² + eps) · w); or KDA's per-head gated RMSNorm
-// (RMSNorm over each `head` elements with weight w[head], times sigmoid(gate) element-wise).
-enum class PrologueKind : int { kPlain = 0, kRmsNorm, kGatedHeadNorm };
+// (RMSNorm over each `head` elements with weight w[head], times sigmoid(gate) element-wise); or kHeadScale, the same
+// norm's last factor when the producer already applied the element-wise ones (x = o · w · sigmoid(gate): the KDA step's
+// KdaStepArgs::out_gate): each head times rsqrt(Σ o² / head + eps), Σ o² from head_ss (required).
+enum class PrologueKind : int { kPlain = 0, kRmsNorm, kGatedHeadNorm, kHeadScale };
 struct InputPrologue {
   PrologueKind kind = PrologueKind::kPlain;
   float const* norm_w = nullptr;  // kRmsNorm: [cols]; kGatedHeadNorm: [head]
   float const* gate = nullptr;    // kGatedHeadNorm: [cols]
-  int head = 0;                   // kGatedHeadNorm: elements per head (divides cols)
+  int head = 0;                   // kGatedHeadNorm, kHeadScale: elements per head (divides cols)
   float eps = 1e-6f;
   // kGatedHeadNorm, optional: each head's Σ x² in ss_parts partials (head_ss[h · ss_parts + s], written by the launch
   // that produced x: the KDA step's KdaStepArgs::o_ss). With them the fused staging needs no reduction of its own.
+  // kHeadScale, required: the partials of the head's values before the element-wise factors (Σ o²).
   float const* head_ss = nullptr;
   int ss_parts = 0;
   // kFusedWeights: aligned inputs load the norm weights (and the gate) with x, one round trip (linear.cuh

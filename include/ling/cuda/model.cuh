@@ -558,6 +558,13 @@ class CudaModel {
     return on;
   }
 
+  // LING_KDA_GATE=0: o_proj's prologue applies the gated head norm's element-wise factors itself (kGatedHeadNorm)
+  // instead of the KDA step (KdaStepArgs::out_gate, then kHeadScale; needs the partial sums, LING_KDA_SS). A/B switch.
+  static bool kda_gate_on() {
+    static bool const on = !env_off("LING_KDA_GATE");
+    return on;
+  }
+
   // LING_KDA_EARLY=0: the KDA step loads its state after its PDL wait even in the replayed graph (A/B).
   static bool kda_state_early_env() {
     static bool const on = !env_off("LING_KDA_EARLY");
@@ -610,12 +617,15 @@ class CudaModel {
         ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
         ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
         ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
+        bool const gated = ka.o_ss && kda_gate_on();
+        if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
         // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
         ka.state_before_wait = opt_.use_graph && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
         ops::PrologueArgs po{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)};
+        if (gated) po = {ops::Prologue::kHeadScale, nullptr, nullptr, int(c.head_dim), float(c.rms_norm_eps)};
         po.flags = prologue_flags();
         if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(int(c.head_dim));
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});

@@ -262,6 +262,9 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   std::int64_t const cols = list.begin()->m->cols;
+  require(pa.kind != Prologue::kHeadScale ||
+              (pa.head_ss && pa.ss_parts >= 1 && pa.head > 0 && cols % pa.head == 0),
+          ErrorCode::kInternal, "matvec: the head-scale prologue needs each head's partial sums");
   bool done[kMax] = {};
   std::size_t i0 = 0;
   for (auto const& first : list) {

@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_gate_up_kernel(MoeAr
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : a.gate.cols);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  stage_input(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
+  stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : a.gate.cols, n_stage, pro);
   __shared__ __align__(16) float s_route[2 * kRouterMaxExperts];  // see moe_block_routing
   moe_block_routing(a, s_idx, s_route);
   trace_mark(a.trace_a, 2);
@@ -859,7 +859,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, fl
   pdl_trigger();
   prologue_prefetch(pro, hidden);
   pdl_wait();
-  stage_input(xs, u, hidden, n_stage, pro);
+  stage_input<false>(xs, u, hidden, n_stage, pro);
   stage_idx(s_idx, nullptr, a);
   __syncthreads();
   make_f16_limbs<32>(xs, hidden, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
@@ -1150,7 +1150,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   pdl_wait();
   trace_mark(a.trace_a, 1);
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
-  stage_input(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (rin) {
     cp_async_wait(0);  // the router row

@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kThreads) router_kernel(RouterArgs a, float co
   prologue_prefetch(pro, a.w.cols);
   pdl_wait();
   trace_mark(a.trace, 1);
-  stage_input(xs, u, a.w.cols, staged_elems<P>(a.w), pro);
+  stage_input<false>(xs, u, a.w.cols, staged_elems<P>(a.w), pro);
   __syncthreads();
   for (std::int64_t t = std::int64_t(blockIdx.x) * kWarps + warp; t < tasks; t += std::int64_t(gridDim.x) * kWarps) {
     void const* data[NR] = {a.w.data};
