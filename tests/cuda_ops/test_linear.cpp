@@ -161,6 +161,21 @@ TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outp
 // predicates) and ragged ones (1000, 2000, 3000: kU = 2, 5, 8 with predicated lanes), several matrices per launch
 // (the lane kernel's matrix index only moves forward), each output poisoned before its run. At 2560 and 2000 columns a
 // 5000-row matrix gives warps several rows each and a partial last round.
+namespace {
+// The block-FP8 multi-matvec's outputs for the set on x, with the environment variable `off` (if any) set to "0" for
+// the run.
+std::vector<float> fp8_outputs(MultiSet<quant::Fp8Block> const& set, std::vector<float> const& x, char const* off = nullptr) {
+  auto launch = [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); };
+  if (off) setenv(off, "0", 1);
+  auto out = set.run(x, launch);
+  if (off) unsetenv(off);
+  return out;
+}
+bool same_bits(std::vector<float> const& a, std::vector<float> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+}  // namespace
+
 TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits and matches the CPU") {
   LING_REQUIRE_GPU();
   for (std::int64_t cols : {1024, 1000, 2560, 2000, 4096, 3000}) {
@@ -169,14 +184,10 @@ TEST_CASE("block FP8: the lane-fixed matvec gives the pipelined kernel's bits an
     if (cols == 2560 || cols == 2000) rows.push_back(5000);
     MultiSet<quant::Fp8Block> set(cols, rows);
     auto const x = randn(static_cast<std::size_t>(cols));
-    auto launch = [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); };
-    setenv("LING_MATVEC_LANE", "0", 1);
-    auto const pipe = set.run(x, launch);
-    unsetenv("LING_MATVEC_LANE");
-    auto const out = set.run(x, launch);
+    auto const pipe = fp8_outputs(set, x, "LING_MATVEC_LANE");
+    auto const out = fp8_outputs(set, x);
     CHECK(rel_l2(out, set.ref(x)) < 1e-5);
-    REQUIRE(out.size() == pipe.size());
-    CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
+    CHECK(same_bits(out, pipe));
   }
 }
 
@@ -192,19 +203,12 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
     CAPTURE(total);
     MultiSet<quant::Fp8Block> set(4096, rows);
     auto const x = randn(4096);
-    auto launch = [](auto ws, float const* xp, float* y) { return cuda::launch_matvec_multi(ws, xp, y, nullptr); };
-    setenv("LING_MATVEC_LANE", "0", 1);
-    auto const pipe = set.run(x, launch);
-    unsetenv("LING_MATVEC_LANE");
-    setenv("LING_MATVEC_ONE", "0", 1);
-    auto const usual = set.run(x, launch);
-    unsetenv("LING_MATVEC_ONE");
-    auto const out = set.run(x, launch);
+    auto const pipe = fp8_outputs(set, x, "LING_MATVEC_LANE");
+    auto const usual = fp8_outputs(set, x, "LING_MATVEC_ONE");
+    auto const out = fp8_outputs(set, x);
     CHECK(rel_l2(out, set.ref(x)) < 1e-5);
-    REQUIRE(out.size() == pipe.size());
-    REQUIRE(out.size() == usual.size());
-    CHECK(std::memcmp(out.data(), pipe.data(), out.size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(out.data(), usual.data(), out.size() * sizeof(float)) == 0);
+    CHECK(same_bits(out, pipe));
+    CHECK(same_bits(out, usual));
   }
 }
 
