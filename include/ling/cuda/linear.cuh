@@ -1427,15 +1427,20 @@ inline int sm_count() {
   return n;
 }
 
+// Raises the kernel's dynamic shared-memory limit when smem is over the default 48 KB.
+template <class Kernel>
+inline cudaError_t allow_dynamic_smem(Kernel k, std::size_t smem) {
+  if (smem <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+}
+
 // Blocks of a persistent grid: as many as fit at once (all resident), no more than there is work for.
 template <class Kernel>
 inline cudaError_t persistent_grid(Kernel k, std::size_t smem, std::int64_t work_blocks, int& blocks) {
-  if (smem > 48 * 1024) {
-    cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-    if (e != cudaSuccess) return e;
-  }
+  cudaError_t e = allow_dynamic_smem(k, smem);
+  if (e != cudaSuccess) return e;
   int per_sm = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem);
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kThreads, smem);
   if (e != cudaSuccess) return e;
   std::int64_t cap = std::int64_t(per_sm > 0 ? per_sm : 1) * sm_count();
   blocks = int(work_blocks < cap ? (work_blocks > 0 ? work_blocks : 1) : cap);
@@ -1482,10 +1487,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
       auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
-        if (smem > 48 * 1024) {
-          cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-          if (e != cudaSuccess) return e;
-        }
+        if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
         return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro);
       };
       if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !matvec_fp8_h16())
@@ -1555,10 +1557,7 @@ cudaError_t launch_matvec_preload_keyed(K, MultiArgs const& a, float const* x, I
     if (slice == 0) return cudaErrorInvalidValue;
     std::size_t const smem = std::size_t(slice * rb) + std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
     auto kernel = matvec_preload_kernel<K>;
-    if (smem > 48 * 1024) {
-      cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      if (e != cudaSuccess) return e;
-    }
+    if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
     unsigned const blocks = unsigned((total + slice - 1) / slice);
     return launch_ex(kernel, dim3(blocks), dim3(kPreloadThreads), smem, stream, a, x, pro, slice);
   }

@@ -624,10 +624,12 @@ class CudaModel {
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
-        ops::PrologueArgs po{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, int(c.head_dim), float(c.rms_norm_eps)};
-        if (gated) po = {ops::Prologue::kHeadScale, nullptr, nullptr, int(c.head_dim), float(c.rms_norm_eps)};
+        int const hd = int(c.head_dim);
+        float const eps = float(c.rms_norm_eps);
+        ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
+                                     : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
         po.flags = prologue_flags();
-        if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(int(c.head_dim));
+        if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
