@@ -3,6 +3,7 @@
 // Also the read-bandwidth kernel returns a plausible number.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "ling/cpu/linear.hpp"
@@ -36,7 +37,8 @@ std::int64_t argmax_of(std::vector<float> const& v) {
 
 TEST_CASE("lm head: online FP8-row quantization on the GPU, logits and argmax") {
   LING_REQUIRE_GPU();
-  for (auto [vocab, hidden] : {std::pair<std::int64_t, std::int64_t>{1001, 256}, {4099, 2560}, {1, 40}}) {
+  // 20000 x 2560: several rows per warp on matvec_lane_kernel; 2300 x 4096: one row per warp (its wider blocks)
+  for (auto [vocab, hidden] : {std::pair<std::int64_t, std::int64_t>{1001, 256}, {4099, 2560}, {1, 40}, {20000, 2560}, {2300, 4096}}) {
     CAPTURE(vocab);
     CAPTURE(hidden);
     auto bf = random_matrix<quant::Bf16>(vocab, hidden, 0.05f);
@@ -69,6 +71,18 @@ TEST_CASE("lm head: online FP8-row quantization on the GPU, logits and argmax") 
       int am = -1;
       dargmax.download(&am, sizeof(int));
       CHECK(am == argmax_of(logits));
+      // row FP8 runs matvec_lane_kernel (LING_MATVEC_ROW_LANE=0: matvec_kernel): the same sums, the same bits
+      dlogits.poison();
+      setenv("LING_MATVEC_ROW_LANE", "0", 1);
+      cudaError_t const e = cuda::launch_lm_head(dq, dx.data(), dlogits.data(), dargmax.data<int>(), &ws, nullptr);
+      unsetenv("LING_MATVEC_ROW_LANE");
+      REQUIRE(e == cudaSuccess);
+      device_sync();
+      auto const old = dlogits.get();
+      CHECK(std::memcmp(old.data(), logits.data(), logits.size() * sizeof(float)) == 0);
+      int am_old = -1;
+      dargmax.download(&am_old, sizeof(int));
+      CHECK(am_old == am);
     }
     // the BF16 head
     dlogits.poison();

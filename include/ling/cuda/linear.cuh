@@ -751,6 +751,34 @@ __device__ __forceinline__ unsigned long long warp_max_u64_fast(unsigned long lo
 #endif
 }
 
+// The argmax epilogue of a matvec launch (all threads of every block call it; kNW warps per block; best: this lane's
+// largest argmax_key, the same in every lane of a warp): the block maximum, one atomic per block; the last block
+// publishes the id and re-arms the workspace.
+template <int kNW>
+__device__ __forceinline__ void argmax_publish(ArgmaxArgs const& am, unsigned long long best) {
+  if (!am.key) return;
+  __shared__ unsigned long long s_best[kNW];
+  __shared__ bool s_last;
+  int const lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  if (lane == 0) s_best[warp] = best;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned long long b = 0;
+    for (int w = 0; w < kNW; ++w) b = s_best[w] > b ? s_best[w] : b;
+    atomicMax(am.key, b);
+    __threadfence();
+    s_last = atomicAdd(am.counter, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (s_last && threadIdx.x == 0) {
+    __threadfence();
+    unsigned long long k = atomicExch(am.key, 0ull);
+    *am.out = int(0xFFFFFFFFu - std::uint32_t(k & 0xFFFFFFFFu));
+    *am.counter = 0u;
+    if (am.position) *am.position += 1;
+  }
+}
+
 template <class P>
 inline constexpr int kMatvecRows = 2;  // rows per warp task
 template <>
@@ -840,27 +868,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_kernel(MultiArgs 
     }
   }
   trace_end(a.trace);
-  if (am.key) {  // block maximum, one atomic per block; the last block publishes the id and re-arms the workspace
-    __shared__ unsigned long long s_best[kWarps];
-    __shared__ bool s_last;
-    if (lane == 0) s_best[warp] = best;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned long long b = 0;
-      for (int w = 0; w < kWarps; ++w) b = s_best[w] > b ? s_best[w] : b;
-      atomicMax(am.key, b);
-      __threadfence();
-      s_last = atomicAdd(am.counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (s_last && threadIdx.x == 0) {
-      __threadfence();
-      unsigned long long k = atomicExch(am.key, 0ull);
-      *am.out = int(0xFFFFFFFFu - std::uint32_t(k & 0xFFFFFFFFu));
-      *am.counter = 0u;
-      if (am.position) *am.position += 1;
-    }
-  }
+  argmax_publish<kWarps>(am, best);
 }
 
 // ---- software-pipelined matvec: one row per warp task, the next task's loads in flight during this one's math ----
@@ -971,20 +979,26 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(Multi
 // the block scales one pointer per row plus immediates (chunk j's scale column is j / 8 = l / 8 + 4u), no predicates
 // when a row is exactly 32 kU chunks (kFull: Ling's 2560 and 4096 columns), the matrix index only moves forward, and
 // two register sets alternate (no copies). The same sums in the same order as matvec_pipe_kernel: bit-identical.
+// Row FP8 (the LM head, session 18) runs the same kernel: its chunk scales are 1 and its row scale comes with the
+// row's loads (LaneRow::rs); the same sums in the same order as matvec_kernel, so the same bits.
 template <int kU>
 struct LaneRow {
   uint4 v[kU];
   float sc[kU];
+  float rs;  // row FP8: the row's scale
 };
-template <int kU, bool kFull>
+template <class P, int kU, bool kFull>
 __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& m, std::int64_t r, int lane, int nchunks) {
-  char const* const rowp = static_cast<char const*>(m.data) + r * m.ld + 16 * lane;  // block FP8: 1-byte storage
-  float const* const sp = static_cast<float const*>(m.scales) + (r >> 7) * ((m.cols + 127) >> 7) + (lane >> 3);
+  constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
+  char const* const rowp = static_cast<char const*>(m.data) + r * m.ld + 16 * lane;  // FP8: 1-byte storage
+  float const* const sp = static_cast<float const*>(m.scales) + (kRow ? r : (r >> 7) * ((m.cols + 127) >> 7) + (lane >> 3));
+  if constexpr (kRow) L.rs = __ldg(sp);
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
     bool const ok = kFull || lane + 32 * u < nchunks;
     L.v[u] = ok ? ld_stream(rowp + 512 * u) : make_uint4(0, 0, 0, 0);
-    L.sc[u] = ok ? __ldg(sp + 4 * u) : 0.f;
+    if constexpr (kRow) L.sc[u] = ok ? 1.f : 0.f;
+    else L.sc[u] = ok ? __ldg(sp + 4 * u) : 0.f;
   }
 }
 
@@ -1038,9 +1052,11 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
 // that is resident at once, so no warp takes a second row after the others are done.
 template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
-                                                                         InputPrologue pro) {
+                                                                         InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
-  static_assert(std::is_same_v<P, quant::Fp8Block>, "lane-fixed chunks: block FP8 rows (16 columns per chunk)");
+  constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
+  static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
+  static_assert(!kRow || !kH16, "f16 partial sums: block FP8 only");
   static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
   constexpr bool kOne = kBW > kWarps;
   extern __shared__ float4 smem_f4[];
@@ -1057,11 +1073,12 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   int ci = 0;  // matrix of task t; tasks only grow, so it only moves forward
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
-    lane_row_load<kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
+    lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
-  float const post = RowDot<P>::row_scale(nullptr, 0);  // block FP8: kPost only (the block scales are per chunk)
+  float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
+  unsigned long long best = 0;            // argmax (am.key): this warp's largest key
   [[maybe_unused]] uint4 const* xh4 = nullptr;
   [[maybe_unused]] float xsc[kU];
   if constexpr (kH16) {
@@ -1075,7 +1092,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   }
   auto load = [&](std::int64_t tn, int& i, LaneRow<kU>& L) {
     while (tn >= a.task_begin[i + 1]) ++i;
-    lane_row_load<kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
+    lane_row_load<P, kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
   };
   auto finish = [&](std::int64_t tt, int i, LaneRow<kU> const& L) {
     float acc = 0.f;
@@ -1092,14 +1109,19 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
         }
       }
     }
-    float v = warp_sum(acc) * post;
+    float v = warp_sum(acc) * (kRow ? L.rs * post : post);
     std::int64_t const r = tt - a.task_begin[i];
     if (float const* res = a.residual[i]) v += res[r];
     if (lane == 0) a.out[i][r] = v;
+    if (am.key) {
+      unsigned long long const k = argmax_key(v, a.row_begin[i] + r);
+      best = k > best ? k : best;
+    }
   };
   if constexpr (kOne) {
     if (t < total) finish(t, ci, r0);
     trace_end(a.trace);
+    argmax_publish<kBW>(am, best);
     return;
   }
   int ni = ci;
@@ -1117,6 +1139,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
     t = tn;
   }
   trace_end(a.trace);
+  argmax_publish<kBW>(am, best);
 }
 
 // ---- matvec with its weights preloaded into shared memory before the PDL wait ---------------------------------
@@ -1471,9 +1494,17 @@ inline int matvec_lane_one_warps(std::int64_t total) {
   if (total <= two * kWarps) return 0;
   return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
 }
+// LING_MATVEC_ROW_LANE=0: row FP8 (the LM head) on matvec_kernel instead of matvec_lane_kernel (A/B; the same bits);
+// read at each launch.
+inline bool matvec_row_lane_enabled() {
+  return !env_off("LING_MATVEC_ROW_LANE");
+}
+// am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>
-cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream) {
+cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream,
+                               ArgmaxArgs am = {}) {
   using P = policy_of<K>;
+  constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
   std::int64_t const total = a.task_begin[a.count];
   auto go = [&](auto kernel, std::size_t bytes) {
@@ -1482,29 +1513,39 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (e != cudaSuccess) return e;
     return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro);
   };
-  if constexpr (std::is_same_v<P, quant::Fp8Block>) {
-    if (matvec_lane_enabled()) {
+  auto go_lane = [&](auto kernel, std::size_t bytes) {
+    int blocks = 0;
+    cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
+    if (e != cudaSuccess) return e;
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro, am);
+  };
+  if constexpr (std::is_same_v<P, quant::Fp8Block> || kRow) {
+    if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
       auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
         if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro);
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
       };
-      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !matvec_fp8_h16())
+      bool const h16 = !kRow && matvec_fp8_h16();
+      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
-        if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes);
-        if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes);
-        return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes);
+        if (ku == 2) return full ? go_lane(matvec_lane_kernel<K, 2, 3, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 2, 3, false, kH>, bytes);
+        if (ku == 5) return full ? go_lane(matvec_lane_kernel<K, 5, 3, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 5, 3, false, kH>, bytes);
+        return full ? go_lane(matvec_lane_kernel<K, 8, 2, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 8, 2, false, kH>, bytes);
       };
-      return matvec_fp8_h16() ? lane(std::true_type{}) : lane(std::false_type{});
+      if constexpr (kRow) return lane(std::false_type{});
+      else return h16 ? lane(std::true_type{}) : lane(std::false_type{});
     }
   }
-  if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
-  if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
-  return go(matvec_pipe_kernel<K, 8, 2>, smem);  // two buffers of 8 chunks need the 128-register budget
+  if constexpr (!kRow) {
+    if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
+    if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
+    return go(matvec_pipe_kernel<K, 8, 2>, smem);  // two buffers of 8 chunks need the 128-register budget
+  }
 }
 // LING_MATVEC_PIPE=0 turns the pipelined kernel off (A/B measurements); read at each launch.
 inline bool matvec_pipe_enabled() {
@@ -1525,6 +1566,17 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
     bool same_ld = true;
     for (int i = 1; i < a.count; ++i) same_ld = same_ld && a.m[i].ld == a.m[0].ld;
     if (ku > 0 && same_ld && !am.key && matvec_pipe_enabled()) return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
+  }
+  // row FP8 (the LM head, with or without its argmax) on matvec_lane_kernel: one row per task
+  if constexpr (kNR == 0 && kMinBlocks == 0 && std::is_same_v<P, quant::Fp8Row>) {
+    int const ku = pipe_unroll(a.m[0].ld / 16);
+    bool same_ld = true;
+    for (int i = 1; i < a.count; ++i) same_ld = same_ld && a.m[i].ld == a.m[0].ld;
+    if (ku > 0 && same_ld && matvec_row_lane_enabled()) {
+      MultiArgs b = a;
+      for (int i = 0; i <= b.count; ++i) b.task_begin[i] = b.row_begin[i];
+      return launch_matvec_pipe(K{}, b, x, pro, ku, stream, am);
+    }
   }
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
   constexpr int MB = kMinBlocks > 0 ? kMinBlocks : kMatvecMinBlocks<P>;
