@@ -1507,17 +1507,11 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
   constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
   std::int64_t const total = a.task_begin[a.count];
-  auto go = [&](auto kernel, std::size_t bytes) {
+  auto go = [&](auto kernel, std::size_t bytes, auto... tail) {  // tail: the lane kernel's argmax
     int blocks = 0;
     cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
     if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro);
-  };
-  auto go_lane = [&](auto kernel, std::size_t bytes) {
-    int blocks = 0;
-    cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
-    if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro, am);
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro, tail...);
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block> || kRow) {
     if (kRow || matvec_lane_enabled()) {
@@ -1533,9 +1527,9 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
-        if (ku == 2) return full ? go_lane(matvec_lane_kernel<K, 2, 3, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 2, 3, false, kH>, bytes);
-        if (ku == 5) return full ? go_lane(matvec_lane_kernel<K, 5, 3, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 5, 3, false, kH>, bytes);
-        return full ? go_lane(matvec_lane_kernel<K, 8, 2, true, kH>, bytes) : go_lane(matvec_lane_kernel<K, 8, 2, false, kH>, bytes);
+        if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes, am);
+        if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes, am);
+        return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes, am);
       };
       if constexpr (kRow) return lane(std::false_type{});
       else return h16 ? lane(std::true_type{}) : lane(std::false_type{});
@@ -1561,21 +1555,20 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
                                 cudaStream_t stream) {
   using P = policy_of<K>;
   constexpr int NR = kNR > 0 ? kNR : kMatvecRows<P>;
-  if constexpr (kNR == 0 && kMinBlocks == 0 && NR == 1 && has_fast_kernel<P>) {
+  if constexpr (kNR == 0 && kMinBlocks == 0 && has_fast_kernel<P>) {
     int const ku = pipe_unroll(a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)) / 16);
     bool same_ld = true;
     for (int i = 1; i < a.count; ++i) same_ld = same_ld && a.m[i].ld == a.m[0].ld;
-    if (ku > 0 && same_ld && !am.key && matvec_pipe_enabled()) return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
-  }
-  // row FP8 (the LM head, with or without its argmax) on matvec_lane_kernel: one row per task
-  if constexpr (kNR == 0 && kMinBlocks == 0 && std::is_same_v<P, quant::Fp8Row>) {
-    int const ku = pipe_unroll(a.m[0].ld / 16);
-    bool same_ld = true;
-    for (int i = 1; i < a.count; ++i) same_ld = same_ld && a.m[i].ld == a.m[0].ld;
-    if (ku > 0 && same_ld && matvec_row_lane_enabled()) {
-      MultiArgs b = a;
-      for (int i = 0; i <= b.count; ++i) b.task_begin[i] = b.row_begin[i];
-      return launch_matvec_pipe(K{}, b, x, pro, ku, stream, am);
+    if constexpr (NR == 1) {
+      if (ku > 0 && same_ld && !am.key && matvec_pipe_enabled()) return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
+    }
+    // row FP8 (the LM head, with or without its argmax) on matvec_lane_kernel: one row per task
+    if constexpr (std::is_same_v<P, quant::Fp8Row>) {
+      if (ku > 0 && same_ld && matvec_row_lane_enabled()) {
+        MultiArgs b = a;
+        for (int i = 0; i <= b.count; ++i) b.task_begin[i] = b.row_begin[i];
+        return launch_matvec_pipe(K{}, b, x, pro, ku, stream, am);
+      }
     }
   }
   std::size_t const smem = std::size_t(xs_floats(staged_elems<P>(a.m[0]))) * sizeof(float);
