@@ -1,0 +1,251 @@
+// Probe: what a decode layer's chain of dependent regions costs as one launch per region (PDL, as the model runs it)
+// against one persistent launch whose regions are separated by grid-wide barriers, at the bytes of a KDA layer.
+//
+// Why (docs/performance.md, session 19): every region of the step ends in a launch boundary of 1-3 µs and starts with
+// a latency chain, and neither fewer instructions nor bytes requested before the PDL wait shortened the regions. A
+// persistent launch per layer replaces each boundary by a grid barrier and lets a warp request the next region's
+// weights as soon as its own part of this region is done. This probe measures that trade without the model's math:
+// each region is a stream of 2560-byte rows (lane l reads 16 bytes at 16 l + 512 u, two rows in flight per warp, as
+// matvec_lane_kernel does), over fresh memory (a 4 GiB pool: no L2 reuse between layers).
+//
+// Regions of one layer (MB; I: addresses known before the region, D: addresses from a value the previous region wrote,
+// like the routed experts): projections 52.5 I, KDA state 4.4 I, o_proj 10.5 I, router 2.6 I, MoE gate/up 20.7 D,
+// MoE down 10.4 D. Variants, µs per layer over 35 layers (best of 7 × 10 graph replays):
+//   launch, after wait     one launch per region, PDL trigger at entry, every load after griddepcontrol.wait
+//   launch, row first      the same, each warp's first row (I regions) loaded before the wait, as the model does
+//   persistent, barrier    one launch per token, a grid barrier between regions (moe.cuh grid_barrier's protocol)
+//   persistent, row first  the same, each warp's first row of the next I region loaded before it enters the barrier
+//   persistent, no barrier the same loads with no barrier at all (the ceiling of this access pattern)
+// Built as the target region_chain (CUDA builds); `LING_NO_PDL` must be unset for the PDL rows.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "ling/cuda/grid_round.hpp"
+#include "ling/cuda/linear.cuh"
+
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
+  } while (0)
+
+namespace {
+
+namespace gr = ling::cuda::grid_round;
+
+constexpr int kRowU = 5;                   // 16-byte loads per lane per row
+constexpr std::size_t kRowVecs = 32 * kRowU;  // uint4 per row (2560 bytes)
+constexpr std::uint32_t kMagic = 0x9E3779B9u;
+
+struct Region {
+  uint4 const* p;
+  std::size_t rows;
+  int dependent;  // rows at an offset read from the previous region's output (0 at run time)
+};
+
+__device__ __forceinline__ uint4 ldnc(uint4 const* p) {
+  uint4 a;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
+  return a;
+}
+__device__ __forceinline__ void row_load(uint4 (&v)[kRowU], uint4 const* p, std::size_t r) {
+  int const lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int u = 0; u < kRowU; ++u) v[u] = ldnc(p + r * kRowVecs + lane + 32 * u);
+}
+__device__ __forceinline__ std::uint32_t fold(uint4 const (&v)[kRowU]) {
+  std::uint32_t acc = 0;
+#pragma unroll
+  for (int u = 0; u < kRowU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  return acc;
+}
+// Rows w, w + W, ... of the region from p; `a` holds row w already when `loaded`. Two register sets in turn.
+__device__ std::uint32_t stream_rows(uint4 const* p, std::size_t rows, std::size_t w, std::size_t W, uint4 (&a)[kRowU],
+                                     bool loaded) {
+  if (w >= rows) return 0;
+  uint4 b[kRowU];
+  std::uint32_t acc = 0;
+  if (!loaded) row_load(a, p, w);
+  for (std::size_t r = w;;) {
+    std::size_t rn = r + W;
+    if (rn < rows) row_load(b, p, rn);
+    acc ^= fold(a);
+    if (rn >= rows) break;
+    r = rn;
+    rn = r + W;
+    if (rn < rows) row_load(a, p, rn);
+    acc ^= fold(b);
+    if (rn >= rows) break;
+    r = rn;
+  }
+  return acc;
+}
+// The region's row base: a dependent region's depends on the value the previous region left (0).
+__device__ __forceinline__ uint4 const* region_base(Region const& g, std::uint32_t const* dep, int prev) {
+  if (!g.dependent) return g.p;
+  std::uint32_t const d = __ldcg(dep + prev);
+  return g.p + (d == kMagic ? kRowVecs : 0);
+}
+
+template <bool kEarly>
+__global__ void __launch_bounds__(256) region_launch(Region g, std::uint32_t* dep, int cur) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  std::size_t const W = std::size_t(gridDim.x) * (blockDim.x >> 5);
+  std::size_t const w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  uint4 a[kRowU];
+  bool loaded = false;
+  if (kEarly && !g.dependent && w < g.rows) {
+    row_load(a, g.p, w);
+    loaded = true;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  std::uint32_t acc = __ldcg(dep + (cur > 0 ? cur - 1 : 0));  // the previous region's output (the staging)
+  acc ^= stream_rows(region_base(g, dep, cur > 0 ? cur - 1 : 0), g.rows, w, W, a, loaded);
+  if (acc == kMagic) dep[cur] = acc;  // never at run time: keeps the loads
+}
+
+__device__ __forceinline__ void barrier(unsigned long long* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    std::uint64_t const target = gr::target(atomicAdd(bar, gr::increment(blockIdx.x, gridDim.x)));
+    for (unsigned n = 0;; ++n) {
+      unsigned long long v;
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
+      if (gr::reached(v, target)) break;
+      if (n > (1u << 24)) __trap();
+    }
+  }
+  __syncthreads();
+}
+
+// kMode 0: barriers; 1: barriers, the next I region's first row loaded before each; 2: no barriers.
+template <int kMode>
+__global__ void __launch_bounds__(256) region_persist(Region const* gs, int n, std::uint32_t* dep, unsigned long long* bar) {
+  std::size_t const W = std::size_t(gridDim.x) * (blockDim.x >> 5);
+  std::size_t const w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  uint4 a[kRowU];
+  bool loaded = false;
+  std::uint32_t acc = 0;
+  for (int i = 0; i < n; ++i) {
+    Region const g = gs[i];
+    acc ^= stream_rows(region_base(g, dep, i > 0 ? i - 1 : 0), g.rows, w, W, a, loaded);
+    loaded = false;
+    if (i + 1 < n && kMode != 2) {
+      Region const nx = gs[i + 1];
+      if (kMode == 1 && !nx.dependent && w < nx.rows) {
+        row_load(a, nx.p, w);
+        loaded = true;
+      }
+      barrier(bar);
+      acc ^= __ldcg(dep + i);  // the region's output (the staging)
+    }
+  }
+  if (acc == kMagic) dep[0] = acc;
+}
+
+template <class F>
+float time_graph(cudaStream_t st, int layers, F enqueue) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  enqueue();
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  float best = 1e30f;
+  for (int r = 0; r < 7; ++r) {
+    CK(cudaEventRecord(e0, st));
+    for (int k = 0; k < 10; ++k) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = ms < best ? ms : best;
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return best * 1000.f / (10 * layers);
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int kLayers = 35;
+  struct Part {
+    char const* name;
+    double mb;
+    int dependent;
+  };
+  Part const parts[] = {{"proj", 52.5, 0}, {"kstep", 4.4, 0}, {"oproj", 10.5, 0},
+                        {"router", 2.6, 0}, {"moeA", 20.7, 1}, {"moeB", 10.4, 1}};
+  int const R = int(sizeof(parts) / sizeof(parts[0]));
+  double layer_bytes = 0;
+  for (Part const& p : parts) layer_bytes += p.mb * 1e6;
+  std::size_t const pool_bytes = std::size_t(4) << 30;
+  uint4* pool;
+  std::uint32_t* dep;
+  unsigned long long* bar;
+  Region* dgs;
+  CK(cudaMalloc(&pool, pool_bytes));
+  CK(cudaMemset(pool, 1, pool_bytes));
+  CK(cudaMalloc(&dep, sizeof(std::uint32_t) * kLayers * R));
+  CK(cudaMemset(dep, 0, sizeof(std::uint32_t) * kLayers * R));
+  CK(cudaMalloc(&bar, sizeof(unsigned long long)));
+  CK(cudaMemset(bar, 0, sizeof(unsigned long long)));
+  std::vector<Region> gs;
+  std::size_t at = 0;
+  for (int l = 0; l < kLayers; ++l)
+    for (Part const& p : parts) {
+      std::size_t const rows = std::size_t(p.mb * 1e6 / (16.0 * kRowVecs));
+      if ((at + rows + 1) * kRowVecs * 16 > pool_bytes) at = 0;  // never at these sizes (3.5 GB)
+      gs.push_back(Region{pool + at * kRowVecs, rows, p.dependent});
+      at += rows + 1;  // + 1: a dependent region may read one row further
+    }
+  CK(cudaMalloc(&dgs, sizeof(Region) * gs.size()));
+  CK(cudaMemcpy(dgs, gs.data(), sizeof(Region) * gs.size(), cudaMemcpyHostToDevice));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  int per_sm = 0;
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, region_persist<0>, 256, 0));
+  int const blocks = sms * (per_sm < 2 ? per_sm : 2);  // 16 warps per SM, all resident (the barrier needs it)
+  std::printf("SMs %d, blocks %d x 256 threads, %d layers of %.1f MB (", sms, blocks, kLayers, layer_bytes / 1e6);
+  for (Part const& p : parts) std::printf(" %s %.1f%s", p.name, p.mb, p.dependent ? "D" : "");
+  std::printf(" )\n%-28s %10s %8s\n", "variant", "us/layer", "GB/s");
+  auto report = [&](char const* name, float us) {
+    std::printf("%-28s %10.2f %8.0f\n", name, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  for (int early = 0; early < 2; ++early) {
+    float const us = time_graph(st, kLayers, [&] {
+      for (int i = 0; i < int(gs.size()); ++i) {
+        auto kern = early ? region_launch<true> : region_launch<false>;
+        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
+      }
+    });
+    report(early ? "launch, row first" : "launch, after wait", us);
+  }
+  auto persist = [&](auto kern, char const* name) {
+    float const us = time_graph(st, kLayers, [&] {
+      kern<<<blocks, 256, 0, st>>>(dgs, int(gs.size()), dep, bar);
+      CK(cudaGetLastError());
+    });
+    report(name, us);
+  };
+  persist(region_persist<0>, "persistent, barrier");
+  persist(region_persist<1>, "persistent, row first");
+  persist(region_persist<2>, "persistent, no barrier");
+  CK(cudaStreamSynchronize(st));
+  return 0;
+}
