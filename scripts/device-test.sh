@@ -82,6 +82,12 @@ if [ $BENCH = 1 ]; then
     name=$(basename "$b")
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
+  # probes of session 19's next steps (docs/performance.md): a layer's regions as launches against one persistent
+  # launch, and per-SM lateness of a projections-shaped stream
+  for p in region_chain sm_service; do
+    [ -x $BUILD/bench/$p ] || continue
+    timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
+  done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
     # A/B at context 0 (one binary): session 13's KDA step with its state loaded after its PDL wait against the default
