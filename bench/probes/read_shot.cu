@@ -11,17 +11,10 @@
 
 #include "ling/cuda/linear.cuh"
 
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
-  } while (0)
+#include "probe_util.cuh"
 
-__device__ __forceinline__ uint4 ldnc(uint4 const* p) {
-  uint4 a;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
-  return a;
-}
+using probe::ldnc;
+
 __device__ __forceinline__ void pre() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -88,32 +81,12 @@ __global__ void empty_k(std::uint32_t* sink) {
   if (threadIdx.x == 1023) *sink = 1;
 }
 
+// µs per launch of a graph of L launches (launch(l, pdl) enqueues launch l)
 template <class F>
 float time_graph(cudaStream_t st, int L, bool pdl, F launch) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  for (int l = 0; l < L; ++l) launch(l, pdl);
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(ge, st));
-  CK(cudaStreamSynchronize(st));
-  float best = 1e30f;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(e0, st));
-    for (int k = 0; k < 10; ++k) CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = ms < best ? ms : best;
-  }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return best * 1000.f / (10 * L);
+  return probe::time_graph(st, L, [&] {
+    for (int l = 0; l < L; ++l) launch(l, pdl);
+  });
 }
 
 // With PDL: the library's launcher (ling::cuda::kernels::launch_ex, the decode step's own); without: a plain launch.

@@ -21,25 +21,18 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <vector>
 
-#include "ling/cuda/grid_round.hpp"
-#include "ling/cuda/linear.cuh"
-
-#define CK(x)                                                                                     \
-  do {                                                                                            \
-    cudaError_t e_ = (x);                                                                         \
-    if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
-  } while (0)
+#include "ling/cuda/moe.cuh"
+#include "probe_util.cuh"
 
 namespace {
 
-namespace gr = ling::cuda::grid_round;
-
-constexpr int kRowU = 5;                   // 16-byte loads per lane per row
-constexpr std::size_t kRowVecs = 32 * kRowU;  // uint4 per row (2560 bytes)
-constexpr std::uint32_t kMagic = 0x9E3779B9u;
+using probe::kMagic;
+using probe::kRowU;
+using probe::kRowVecs;
+using probe::row_load;
+using probe::stream_rows;
 
 struct Region {
   uint4 const* p;
@@ -47,43 +40,6 @@ struct Region {
   int dependent;  // rows at an offset read from the previous region's output (0 at run time)
 };
 
-__device__ __forceinline__ uint4 ldnc(uint4 const* p) {
-  uint4 a;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
-  return a;
-}
-__device__ __forceinline__ void row_load(uint4 (&v)[kRowU], uint4 const* p, std::size_t r) {
-  int const lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int u = 0; u < kRowU; ++u) v[u] = ldnc(p + r * kRowVecs + lane + 32 * u);
-}
-__device__ __forceinline__ std::uint32_t fold(uint4 const (&v)[kRowU]) {
-  std::uint32_t acc = 0;
-#pragma unroll
-  for (int u = 0; u < kRowU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  return acc;
-}
-// Rows w, w + W, ... of the region from p; `a` holds row w already when `loaded`. Two register sets in turn.
-__device__ std::uint32_t stream_rows(uint4 const* p, std::size_t rows, std::size_t w, std::size_t W, uint4 (&a)[kRowU],
-                                     bool loaded) {
-  if (w >= rows) return 0;
-  uint4 b[kRowU];
-  std::uint32_t acc = 0;
-  if (!loaded) row_load(a, p, w);
-  for (std::size_t r = w;;) {
-    std::size_t rn = r + W;
-    if (rn < rows) row_load(b, p, rn);
-    acc ^= fold(a);
-    if (rn >= rows) break;
-    r = rn;
-    rn = r + W;
-    if (rn < rows) row_load(a, p, rn);
-    acc ^= fold(b);
-    if (rn >= rows) break;
-    r = rn;
-  }
-  return acc;
-}
 // The region's row base: a dependent region's depends on the value the previous region left (0).
 __device__ __forceinline__ uint4 const* region_base(Region const& g, std::uint32_t const* dep, int prev) {
   if (!g.dependent) return g.p;
@@ -108,21 +64,6 @@ __global__ void __launch_bounds__(256) region_launch(Region g, std::uint32_t* de
   if (acc == kMagic) dep[cur] = acc;  // never at run time: keeps the loads
 }
 
-__device__ __forceinline__ void barrier(unsigned long long* bar) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    std::uint64_t const target = gr::target(atomicAdd(bar, gr::increment(blockIdx.x, gridDim.x)));
-    for (unsigned n = 0;; ++n) {
-      unsigned long long v;
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
-      if (gr::reached(v, target)) break;
-      if (n > (1u << 24)) __trap();
-    }
-  }
-  __syncthreads();
-}
-
 // kMode 0: barriers; 1: barriers, the next I region's first row loaded before each; 2: no barriers.
 template <int kMode>
 __global__ void __launch_bounds__(256) region_persist(Region const* gs, int n, std::uint32_t* dep, unsigned long long* bar) {
@@ -141,41 +82,11 @@ __global__ void __launch_bounds__(256) region_persist(Region const* gs, int n, s
         row_load(a, nx.p, w);
         loaded = true;
       }
-      barrier(bar);
+      ling::cuda::kernels::grid_barrier(bar);  // the streamed MoE launch A's barrier
       acc ^= __ldcg(dep + i);  // the region's output (the staging)
     }
   }
   if (acc == kMagic) dep[0] = acc;
-}
-
-template <class F>
-float time_graph(cudaStream_t st, int layers, F enqueue) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-  enqueue();
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  CK(cudaGraphLaunch(ge, st));
-  CK(cudaStreamSynchronize(st));
-  float best = 1e30f;
-  for (int r = 0; r < 7; ++r) {
-    CK(cudaEventRecord(e0, st));
-    for (int k = 0; k < 10; ++k) CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    best = ms < best ? ms : best;
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  return best * 1000.f / (10 * layers);
 }
 
 }  // namespace
@@ -228,7 +139,7 @@ int main() {
     std::printf("%-28s %10.2f %8.0f\n", name, us, layer_bytes / (us * 1e-6) / 1e9);
   };
   for (int early = 0; early < 2; ++early) {
-    float const us = time_graph(st, kLayers, [&] {
+    float const us = probe::time_graph(st, kLayers, [&] {
       for (int i = 0; i < int(gs.size()); ++i) {
         auto kern = early ? region_launch<true> : region_launch<false>;
         CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
@@ -237,7 +148,7 @@ int main() {
     report(early ? "launch, row first" : "launch, after wait", us);
   }
   auto persist = [&](auto kern, char const* name) {
-    float const us = time_graph(st, kLayers, [&] {
+    float const us = probe::time_graph(st, kLayers, [&] {
       kern<<<blocks, 256, 0, st>>>(dgs, int(gs.size()), dep, bar);
       CK(cudaGetLastError());
     });

@@ -1,0 +1,96 @@
+#pragma once
+// What the probes share (bench/probes/*.cu: plain CUDA programs that measure one property of the machine): the error
+// check, the streaming load, rows streamed the way matvec_lane_kernel reads them, and the timing of a captured graph.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#define CK(x)                                                                                     \
+  do {                                                                                            \
+    cudaError_t e_ = (x);                                                                         \
+    if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } \
+  } while (0)
+
+namespace probe {
+
+// 16 bytes that no later load reuses (bypasses L1).
+__device__ __forceinline__ uint4 ldnc(uint4 const* p) {
+  uint4 a;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(p));
+  return a;
+}
+
+// Rows of 2560 bytes (the KDA projections' FP8 rows): lane l reads 16 bytes at 16 l + 512 u, u < kRowU.
+inline constexpr int kRowU = 5;
+inline constexpr std::size_t kRowVecs = 32 * kRowU;  // uint4 per row
+inline constexpr std::uint32_t kMagic = 0x9E3779B9u;   // a fold never equals it at run time (writes that keep loads)
+
+__device__ __forceinline__ void row_load(uint4 (&v)[kRowU], uint4 const* p, std::size_t r) {
+  int const lane = int(threadIdx.x & 31);
+#pragma unroll
+  for (int u = 0; u < kRowU; ++u) v[u] = ldnc(p + r * kRowVecs + lane + 32 * u);
+}
+__device__ __forceinline__ std::uint32_t fold(uint4 const (&v)[kRowU]) {
+  std::uint32_t acc = 0;
+#pragma unroll
+  for (int u = 0; u < kRowU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  return acc;
+}
+// The calling warp's rows w, w + W, ... of p, two in flight (two register sets in turn); `a` holds row w already
+// when `loaded`. Returns the fold of everything read.
+__device__ inline std::uint32_t stream_rows(uint4 const* p, std::size_t rows, std::size_t w, std::size_t W,
+                                            uint4 (&a)[kRowU], bool loaded) {
+  if (w >= rows) return 0;
+  uint4 b[kRowU];
+  std::uint32_t acc = 0;
+  if (!loaded) row_load(a, p, w);
+  for (std::size_t r = w;;) {
+    std::size_t rn = r + W;
+    if (rn < rows) row_load(b, p, rn);
+    acc ^= fold(a);
+    if (rn >= rows) break;
+    r = rn;
+    rn = r + W;
+    if (rn < rows) row_load(a, p, rn);
+    acc ^= fold(b);
+    if (rn >= rows) break;
+    r = rn;
+  }
+  return acc;
+}
+
+// µs per `per` units of one captured graph (what `enqueue` puts on st): best of 7 × 10 replays, after one warm-up.
+template <class F>
+float time_graph(cudaStream_t st, int per, F enqueue) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  enqueue();
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  float best = 1e30f;
+  for (int r = 0; r < 7; ++r) {
+    CK(cudaEventRecord(e0, st));
+    for (int k = 0; k < 10; ++k) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    best = ms < best ? ms : best;
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return best * 1000.f / float(10 * per);
+}
+
+}  // namespace probe
