@@ -90,10 +90,10 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary): session 13's KDA step with its state loaded after its PDL wait against the default
-    # (before it). LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by
+    # A/B at context 0 (one binary), two rounds: session 19's even-rounds grid for the KDA projections (opt-in) against
+    # the default. LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by
     # commas; "X=1" is the default build's run.
-    for v in ${LING_CTX0_VARIANTS:-LING_KDA_EARLY=0 X=1}; do
+    for v in ${LING_CTX0_VARIANTS:-LING_MATVEC_EVEN=1 X=1 LING_MATVEC_EVEN=1 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
