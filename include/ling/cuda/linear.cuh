@@ -1543,7 +1543,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
         if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes, am);
         if (ku == 5) {
-          if constexpr (!kH) {
+          if constexpr (!kH && !kRow) {  // block FP8 (the LM head's row FP8 keeps the usual grid)
             if (full && matvec_lane_even_warps(total, 3 * kWarps) == 13) {
               auto kernel = matvec_lane_kernel<K, 5, 2, true, false, 13, false>;
               int per_sm = 0;
