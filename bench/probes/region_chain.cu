@@ -59,8 +59,9 @@ __global__ void __launch_bounds__(256) region_launch(Region g, std::uint32_t* de
     loaded = true;
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  std::uint32_t acc = __ldcg(dep + (cur > 0 ? cur - 1 : 0));  // the previous region's output (the staging)
-  acc ^= stream_rows(region_base(g, dep, cur > 0 ? cur - 1 : 0), g.rows, w, W, a, loaded);
+  int const prev = cur > 0 ? cur - 1 : 0;
+  std::uint32_t acc = __ldcg(dep + prev);  // the previous region's output (the staging)
+  acc ^= stream_rows(region_base(g, dep, prev), g.rows, w, W, a, loaded);
   if (acc == kMagic) dep[cur] = acc;  // never at run time: keeps the loads
 }
 

@@ -1531,10 +1531,13 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
+      // blocks of bw warps: every warp one row (matvec_lane_one_warps), or two blocks per SM (matvec_lane_even_warps;
+      // __launch_bounds__ keeps both resident)
+      auto wide = [&](auto kernel, int bw, std::int64_t blocks) {
         if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
+        return launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
       };
+      auto one = [&](auto kernel, int bw) { return wide(kernel, bw, (total + bw - 1) / bw); };
       bool const h16 = !kRow && matvec_fp8_h16();
       if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
@@ -1543,16 +1546,10 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
         if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes, am);
         if (ku == 5) {
-          if constexpr (!kH && !kRow) {  // block FP8 (the LM head's row FP8 keeps the usual grid)
-            if (full && matvec_lane_even_warps(total, 3 * kWarps) == 13) {
-              auto kernel = matvec_lane_kernel<K, 5, 2, true, false, 13, false>;
-              int per_sm = 0;
-              if (cudaError_t e = allow_dynamic_smem(kernel, bytes); e != cudaSuccess) return e;
-              if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 13 * 32, bytes); e != cudaSuccess)
-                return e;
-              if (per_sm >= 2)
-                return launch_ex(kernel, dim3(unsigned(2 * sm_count())), dim3(13u * 32u), bytes, stream, a, x, pro, am);
-            }
+          // block FP8 (the LM head's row FP8 keeps the usual grid)
+          if constexpr (!kH && !kRow) {
+            if (full && matvec_lane_even_warps(total, 3 * kWarps) == 13)
+              return wide(matvec_lane_kernel<K, 5, 2, true, false, 13, false>, 13, 2 * std::int64_t(sm_count()));
           }
           return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes, am);
         }
