@@ -82,18 +82,17 @@ if [ $BENCH = 1 ]; then
     name=$(basename "$b")
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
-  # probes of session 19's next steps (docs/performance.md): a layer's regions as launches against one persistent
-  # launch, and per-SM lateness of a projections-shaped stream
-  for p in region_chain sm_service; do
+  # probes (LING_PROBES=1; answered in session 20, docs/performance.md): a layer's regions as launches against one
+  # persistent launch, and per-SM lateness of a projections-shaped stream
+  for p in ${LING_PROBES:+region_chain sm_service}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary), two rounds: session 19's even-rounds grid for the KDA projections (opt-in) against
-    # the default. LING_CTX0_VARIANTS overrides: variants are separated by spaces, the settings of one variant by
-    # commas; "X=1" is the default build's run.
-    for v in ${LING_CTX0_VARIANTS:-LING_MATVEC_EVEN=1 X=1 LING_MATVEC_EVEN=1 X=1}; do
+    # A/B at context 0 (one binary; none by default): LING_CTX0_VARIANTS="A=1 X=1 A=1 X=1" alternates two settings
+    # twice; variants are separated by spaces, the settings of one variant by commas; "X=1" is the default build's run.
+    for v in ${LING_CTX0_VARIANTS:-}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

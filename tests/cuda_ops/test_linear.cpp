@@ -212,28 +212,6 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
   }
 }
 
-// LING_MATVEC_EVEN=1 (opt-in): rows that take one round fewer on two blocks of 13 warps per SM than on the usual three
-// blocks of 8 (matvec_lane_even_warps) run there: the KDA projections' 20 512 rows of 2560 columns (five matrices of
-// 4096 and one of 32) and a set of other sizes; the same sums as the usual grid: the same bits. Where no round is saved
-// (5 000 rows) the usual grid runs either way.
-TEST_CASE("block FP8: the even-rounds grid gives the usual bits and matches the CPU") {
-  LING_REQUIRE_GPU();
-  for (std::vector<std::int64_t> rows : {std::vector<std::int64_t>{4096, 4096, 4096, 4096, 4096, 32},
-                                         std::vector<std::int64_t>{20000, 17, 300}, std::vector<std::int64_t>{5000}}) {
-    std::int64_t total = 0;
-    for (auto r : rows) total += r;
-    CAPTURE(total);
-    MultiSet<quant::Fp8Block> set(2560, rows);
-    auto const x = randn(2560);
-    auto const usual = fp8_outputs(set, x);
-    setenv("LING_MATVEC_EVEN", "1", 1);
-    auto const out = fp8_outputs(set, x);
-    unsetenv("LING_MATVEC_EVEN");
-    CHECK(rel_l2(out, set.ref(x)) < 1e-5);
-    CHECK(same_bits(out, usual));
-  }
-}
-
 // LING_FP8_DOT=f16 (opt-in): each chunk's products summed in f16 pairs, x in f16 per 128-column block scaled by a power
 // of two. Not bit-identical to the fp32 path: ~1e-3 relative. Whole and ragged rows, an input spanning 8 octaves
 // within a block (the block scale keeps the small ones above f16's subnormals), and a NaN that must reach its rows.

@@ -1048,10 +1048,9 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
   return f.x + f.y;
 }
 
-// kBW: warps per block. kOne (kBW > kWarps by default; matvec_lane_one_warps): the launcher gives every warp at most
-// one row, on a grid that is resident at once, so no warp takes a second row after the others are done. kBW > kWarps
-// with kOne false: blocks sized so that the rows take one round fewer (matvec_lane_even_warps).
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps, bool kOne = (kBW > kWarps)>
+// kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
+// that is resident at once, so no warp takes a second row after the others are done.
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
@@ -1059,6 +1058,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
   static_assert(!kRow || !kH16, "f16 partial sums: block FP8 only");
   static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
+  constexpr bool kOne = kBW > kWarps;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = int(threadIdx.x & 31);
@@ -1494,20 +1494,6 @@ inline int matvec_lane_one_warps(std::int64_t total) {
   if (total <= two * kWarps) return 0;
   return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
 }
-// Warps per block of matvec_lane_kernel's even-rounds instance for `total` rows (0: the usual grid). The usual grid
-// of block FP8 rows of 2560 columns is three blocks of kWarps per SM (24 warps); the KDA projections' 20 512 rows are
-// then 6.47 rows per warp, so 47% of the warps take a seventh row after the others are done (~2 µs: a row's time per
-// warp, docs/performance.md session 16). Two blocks of 13 warps per SM (26 warps, at most 72 registers: 80 now) take
-// them in 6 rounds. Chosen only where it saves a round. Opt-in (LING_MATVEC_EVEN=1; written in session 19, not yet
-// measured); read at each launch.
-inline int matvec_lane_even_warps(std::int64_t total, int usual_warps_per_sm) {
-  char const* e = std::getenv("LING_MATVEC_EVEN");
-  if (!(e && *e == '1') || usual_warps_per_sm <= 0) return 0;
-  std::int64_t const sms = sm_count(), per = 2 * 13;
-  std::int64_t const usual = (total + sms * usual_warps_per_sm - 1) / (sms * usual_warps_per_sm);
-  std::int64_t const even = (total + sms * per - 1) / (sms * per);
-  return even < usual ? 13 : 0;
-}
 // LING_MATVEC_ROW_LANE=0: row FP8 (the LM head) on matvec_kernel instead of matvec_lane_kernel (A/B; the same bits);
 // read at each launch.
 inline bool matvec_row_lane_enabled() {
@@ -1531,13 +1517,10 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      // blocks of bw warps: every warp one row (matvec_lane_one_warps), or two blocks per SM (matvec_lane_even_warps;
-      // __launch_bounds__ keeps both resident)
-      auto wide = [&](auto kernel, int bw, std::int64_t blocks) {
+      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
         if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
       };
-      auto one = [&](auto kernel, int bw) { return wide(kernel, bw, (total + bw - 1) / bw); };
       bool const h16 = !kRow && matvec_fp8_h16();
       if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
@@ -1545,14 +1528,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         constexpr bool kH = decltype(h16)::value;
         std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
         if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes, am);
-        if (ku == 5) {
-          // block FP8 (the LM head's row FP8 keeps the usual grid)
-          if constexpr (!kH && !kRow) {
-            if (full && matvec_lane_even_warps(total, 3 * kWarps) == 13)
-              return wide(matvec_lane_kernel<K, 5, 2, true, false, 13, false>, 13, 2 * std::int64_t(sm_count()));
-          }
-          return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes, am);
-        }
+        if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes, am);
         return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes, am);
       };
       if constexpr (kRow) return lane(std::false_type{});
