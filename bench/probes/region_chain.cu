@@ -16,6 +16,8 @@
 //   persistent, barrier    one launch per token, a grid barrier between regions (moe.cuh grid_barrier's protocol)
 //   persistent, row first  the same, each warp's first row of the next I region loaded before it enters the barrier
 //   persistent, no barrier the same loads with no barrier at all (the ceiling of this access pattern)
+//   launch, row first, without R   the row-first chain without region R's launches: R's marginal cost in the chain
+//                                   (the whole chain's time less this one), to hold against the model's timeline
 // Built as the target region_chain (CUDA builds); `LING_NO_PDL` must be unset for the PDL rows.
 #include <cuda_runtime.h>
 
@@ -147,6 +149,22 @@ int main() {
       }
     });
     report(early ? "launch, row first" : "launch, after wait", us);
+  }
+  // each region's marginal cost in the chain (session 20): the "row first" chain without that region's launches, and
+  // the difference to the whole chain; against each region's bytes at the chain's no-dependence rate below
+  float const whole = probe::time_graph(st, kLayers, [&] {
+    for (int i = 0; i < int(gs.size()); ++i)
+      CK(ling::cuda::kernels::launch_ex(region_launch<true>, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
+  });
+  std::printf("%-28s %10s %8s %10s\n", "launch, row first, without", "us/layer", "GB/s", "region us");
+  for (int skip = 0; skip < R; ++skip) {
+    float const us = probe::time_graph(st, kLayers, [&] {
+      for (int i = 0; i < int(gs.size()); ++i)
+        if (i % R != skip)
+          CK(ling::cuda::kernels::launch_ex(region_launch<true>, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
+    });
+    std::printf("  %-26s %10.2f %8.0f %10.2f\n", parts[skip].name, us, (layer_bytes - parts[skip].mb * 1e6) / (us * 1e-6) / 1e9,
+                whole - us);
   }
   auto persist = [&](auto kern, char const* name) {
     float const us = probe::time_graph(st, kLayers, [&] {
