@@ -1062,7 +1062,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier) instead of cp.async (16 bytes
 // per lane and instruction, ~22 per lane for a tile of 11 KB): 2.486 against 2.506 ms/token at context 0, launch A
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
-template <int kW, bool kBiased>
+// kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
+// row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
+template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1220,7 +1222,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
         if (i < nr) {
           uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
           uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
-          for (int j = sl; j < nblk; j += L) {
+          int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
+          for (int j = sl; j < jend; j += L) {
             float const xsc = sx[j];
             if constexpr (kBiased) {
               uint4 const v[2] = {gr[j], ur[j]};
@@ -1442,6 +1445,12 @@ inline int moe_stream_stage_cap() {
   int const n = e && *e ? std::atoi(e) : 0;
   return n >= 1 ? n : kStreamMaxStages;
 }
+// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's streamed kernel decodes half of each routed row's
+// chunks (1) or none (2); docs/performance.md, session 20's next step 1.
+inline int moe_diag_a() {
+  char const* e = std::getenv("LING_MOE_DIAG_A");
+  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1584,6 +1593,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
+    if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
+      return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
