@@ -90,9 +90,10 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary; none by default): LING_CTX0_VARIANTS="A=1 X=1 A=1 X=1" alternates two settings
-    # twice; variants are separated by spaces, the settings of one variant by commas; "X=1" is the default build's run.
-    for v in ${LING_CTX0_VARIANTS:-}; do
+    # A/B at context 0 (one binary), two rounds: launch A with half and none of its routed decode (measurements only,
+    # wrong outputs; docs/performance.md session 20's next step 1) against the default. LING_CTX0_VARIANTS overrides
+    # ("" for none): variants are separated by spaces, the settings of one variant by commas; "X=1" is the default run.
+    for v in ${LING_CTX0_VARIANTS-LING_MOE_DIAG_A=1 LING_MOE_DIAG_A=2 X=1 LING_MOE_DIAG_A=1 LING_MOE_DIAG_A=2 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
