@@ -141,28 +141,24 @@ int main() {
   auto report = [&](char const* name, float us) {
     std::printf("%-28s %10.2f %8.0f\n", name, us, layer_bytes / (us * 1e-6) / 1e9);
   };
-  for (int early = 0; early < 2; ++early) {
-    float const us = probe::time_graph(st, kLayers, [&] {
+  // the chain of region launches (skip: a region index whose launches are left out, or -1)
+  auto chain = [&](bool early, int skip) {
+    return probe::time_graph(st, kLayers, [&] {
       for (int i = 0; i < int(gs.size()); ++i) {
+        if (i % R == skip) continue;
         auto kern = early ? region_launch<true> : region_launch<false>;
         CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
       }
     });
-    report(early ? "launch, row first" : "launch, after wait", us);
-  }
+  };
+  report("launch, after wait", chain(false, -1));
+  float const whole = chain(true, -1);
+  report("launch, row first", whole);
   // each region's marginal cost in the chain (session 20): the "row first" chain without that region's launches, and
-  // the difference to the whole chain; against each region's bytes at the chain's no-dependence rate below
-  float const whole = probe::time_graph(st, kLayers, [&] {
-    for (int i = 0; i < int(gs.size()); ++i)
-      CK(ling::cuda::kernels::launch_ex(region_launch<true>, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
-  });
+  // the difference to the whole chain
   std::printf("%-28s %10s %8s %10s\n", "launch, row first, without", "us/layer", "GB/s", "region us");
   for (int skip = 0; skip < R; ++skip) {
-    float const us = probe::time_graph(st, kLayers, [&] {
-      for (int i = 0; i < int(gs.size()); ++i)
-        if (i % R != skip)
-          CK(ling::cuda::kernels::launch_ex(region_launch<true>, dim3(unsigned(blocks)), dim3(256u), 0, st, gs[std::size_t(i)], dep, i));
-    });
+    float const us = chain(true, skip);
     std::printf("  %-26s %10.2f %8.0f %10.2f\n", parts[skip].name, us, (layer_bytes - parts[skip].mb * 1e6) / (us * 1e-6) / 1e9,
                 whole - us);
   }
