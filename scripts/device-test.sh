@@ -82,9 +82,9 @@ if [ $BENCH = 1 ]; then
     name=$(basename "$b")
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
-  # probes (LING_PROBES=1; answered in session 20, docs/performance.md): a layer's regions as launches against one
-  # persistent launch, and per-SM lateness of a projections-shaped stream
-  for p in ${LING_PROBES:+region_chain sm_service}; do
+  # probes: moe_pattern (launch B's access pattern against contiguous rows; session 20's next step 2) always; with
+  # LING_PROBES=1 also region_chain and sm_service (answered in session 20, docs/performance.md)
+  for p in moe_pattern ${LING_PROBES:+region_chain sm_service}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done
