@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 
-#include "ling/cuda/moe.cuh"
+#include "ling/cuda/linear.cuh"
 #include "probe_util.cuh"
 
 namespace {
@@ -27,8 +27,8 @@ inline constexpr std::size_t kExpertBytes = std::size_t(kRows) * kRowBytes;     
 inline constexpr std::size_t kScaleBytes = std::size_t(kRows) * kChunks;                // 61 440
 
 __device__ __forceinline__ void pdl_enter() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ling::cuda::kernels::pdl_trigger();
+  ling::cuda::kernels::pdl_wait();
 }
 
 // kScales: also each chunk's scale byte. codes / scales: the layer's 8 experts, kExpertBytes / kScaleBytes apart.

@@ -16,8 +16,8 @@
 using probe::ldnc;
 
 __device__ __forceinline__ void pre() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ling::cuda::kernels::pdl_trigger();
+  ling::cuda::kernels::pdl_wait();
 }
 inline constexpr std::size_t kNone = ~std::size_t(0);
 // K loads p[at(k)] (kNone: none) all issued before any is used, folded by xor so that they cannot be optimised away

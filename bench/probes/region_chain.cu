@@ -51,7 +51,7 @@ __device__ __forceinline__ uint4 const* region_base(Region const& g, std::uint32
 
 template <bool kEarly>
 __global__ void __launch_bounds__(256) region_launch(Region g, std::uint32_t* dep, int cur) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  ling::cuda::kernels::pdl_trigger();
   std::size_t const W = std::size_t(gridDim.x) * (blockDim.x >> 5);
   std::size_t const w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   uint4 a[kRowU];
@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(256) region_launch(Region g, std::uint32_t* de
     row_load(a, g.p, w);
     loaded = true;
   }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  ling::cuda::kernels::pdl_wait();
   int const prev = cur > 0 ? cur - 1 : 0;
   std::uint32_t acc = __ldcg(dep + prev);  // the previous region's output (the staging)
   acc ^= stream_rows(region_base(g, dep, prev), g.rows, w, W, a, loaded);

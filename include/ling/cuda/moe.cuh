@@ -1445,8 +1445,9 @@ inline int moe_stream_stage_cap() {
   int const n = e && *e ? std::atoi(e) : 0;
   return n >= 1 ? n : kStreamMaxStages;
 }
-// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's streamed kernel decodes half of each routed row's
-// chunks (1) or none (2); docs/performance.md, session 20's next step 1.
+// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, q8_chunk; other
+// settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
+// step 1.
 inline int moe_diag_a() {
   char const* e = std::getenv("LING_MOE_DIAG_A");
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
