@@ -82,18 +82,18 @@ if [ $BENCH = 1 ]; then
     name=$(basename "$b")
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
-  # probes: moe_pattern (launch B's access pattern against contiguous rows; session 20's next step 2) always; with
-  # LING_PROBES=1 also region_chain and sm_service (answered in session 20, docs/performance.md)
-  for p in moe_pattern ${LING_PROBES:+region_chain sm_service}; do
+  # probes (answered in sessions 20 and 21, docs/performance.md): with LING_PROBES=1, region_chain, sm_service and
+  # moe_pattern
+  for p in ${LING_PROBES:+region_chain sm_service moe_pattern}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary), two rounds: launch A with half and none of its routed decode (measurements only,
-    # wrong outputs; docs/performance.md session 20's next step 1) against the default. LING_CTX0_VARIANTS overrides
-    # ("" for none): variants are separated by spaces, the settings of one variant by commas; "X=1" is the default run.
-    for v in ${LING_CTX0_VARIANTS-LING_MOE_DIAG_A=1 LING_MOE_DIAG_A=2 X=1 LING_MOE_DIAG_A=1 LING_MOE_DIAG_A=2 X=1}; do
+    # A/B at context 0 (one binary), two rounds: launch B's staging in three calls (LING_MOE_B_STAGE1=0, session 21's
+    # default before) against the default. LING_CTX0_VARIANTS overrides ("" for none): variants are separated by
+    # spaces, the settings of one variant by commas; "X=1" is the default run.
+    for v in ${LING_CTX0_VARIANTS-LING_MOE_B_STAGE1=0 X=1 LING_MOE_B_STAGE1=0 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
