@@ -512,15 +512,17 @@ struct DownSlots {
   void const* scales[kMoeMaxTopK];
   float w[kMoeMaxTopK];
 };
+// Slot s of expert e (out of range: null pointers) with routing weight w.
+template <class P>
+__device__ __forceinline__ void put_down_slot(DownSlots& sl, MoeArgs const& a, int s, int e, float w) {
+  bool const ok = e >= 0 && e < a.down.count;
+  sl.data[s] = ok ? static_cast<char const*>(batch_data<P>(a.down, e)) : nullptr;
+  sl.scales[s] = ok ? batch_scales<P>(a.down, e) : nullptr;
+  sl.w[s] = w;
+}
 template <class P>
 __device__ __forceinline__ void stage_down_slots(DownSlots& sl, MoeArgs const& a) {
-  for (int s = threadIdx.x; s < a.top_k; s += blockDim.x) {
-    int const e = a.idx[s];
-    bool const ok = e >= 0 && e < a.down.count;
-    sl.data[s] = ok ? static_cast<char const*>(batch_data<P>(a.down, e)) : nullptr;
-    sl.scales[s] = ok ? batch_scales<P>(a.down, e) : nullptr;
-    sl.w[s] = a.weights[s];
-  }
+  for (int s = threadIdx.x; s < a.top_k; s += blockDim.x) put_down_slot<P>(sl, a, s, a.idx[s], a.weights[s]);
 }
 
 // Lane partial of the concatenated down rows r of the top_k experts (fast layout), chunk-weighted. Chunk q of the
@@ -1674,12 +1676,7 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
   int const e = tid < top_k ? a.idx[tid] : -1;
   float const w = tid < top_k ? a.weights[tid] : 0.f;
   if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
-  if (tid < top_k) {
-    bool const ok = e >= 0 && e < a.down.count;
-    sl.data[tid] = ok ? static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) : nullptr;
-    sl.scales[tid] = ok ? batch_scales<quant::Mxfp4>(a.down, e) : nullptr;
-    sl.w[tid] = w;
-  }
+  if (tid < top_k) put_down_slot<quant::Mxfp4>(sl, a, tid, e, w);
 #pragma unroll
   for (int i = 0; i < kB; ++i) {
     if (i * nt >= ngroups) break;  // uniform: no thread of the block has a group past here
