@@ -264,14 +264,17 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
 }
 
 // Launch B's lane kernel with its staging in one batch of loads (the default at Ling's shape: 192 chunks, one row per
-// warp) and with the three staging calls (LING_MOE_B_STAGE1=0): Ling's shape, no shared expert and fewer rows than
-// warps, two passes over the rows (4 096 rows), and an out-of-range id (every output NaN, no read outside the expert
-// arrays).
+// warp), with the three staging calls (LING_MOE_B_STAGE1=0), and with the first row's codes copied into shared memory
+// right after the staging's loads (LING_MOE_B_EARLY=1): Ling's shape, no shared expert and fewer rows than warps, two
+// passes over the rows (4 096 rows: the second pass loads as usual), and an out-of-range id (every output NaN, no read
+// outside the expert arrays).
 TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") {
   LING_REQUIRE_GPU();
-  for (char const* once : {"1", "0"}) {
-    CAPTURE(once);
-    setenv("LING_MOE_B_STAGE1", once, 1);
+  for (char const* var : {"LING_MOE_B_STAGE1=1", "LING_MOE_B_STAGE1=0", "LING_MOE_B_EARLY=1"}) {
+    CAPTURE(var);
+    std::string const kv(var);
+    std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
+    setenv(name.c_str(), value.c_str(), 1);
     check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
     check_moe<quant::Mxfp4, quant::Fp8Block>(512, 384, 0, 20, 16, 0.f, 0.f);
     check_moe<quant::Mxfp4, quant::Fp8Block>(4096, 768, 256, 10, 8, 4.0f, 5.0f);
@@ -280,8 +283,8 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
     auto const [h, o] = run_moe(w, {2, 1000, 0, 1, 3, 4, 5, 6}, std::vector<float>(8, 0.125f),
                                 randn(static_cast<std::size_t>(hidden)));
     CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
+    unsetenv(name.c_str());
   }
-  unsetenv("LING_MOE_B_STAGE1");
 }
 
 TEST_CASE("moe: f16 tensor-core path (Mxfp4QuadMma) against the same reference") {

@@ -1649,17 +1649,23 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 __host__ __device__ constexpr int lane_max_warps(int rows_per_warp) { return rows_per_warp == 1 ? 20 : 12; }
 // Its shared memory: the staged shared-expert input, the limbs and their scales.
 __host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int nq) {
-  return std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
-         std::size_t(nq) * sizeof(float);
+  return (std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
+          std::size_t(nq) * sizeof(float) + 15) / 16 * 16;
 }
+// moe_down_lane_kernel's kEarly buffer per warp, after lane_smem_bytes: its lanes' kU code chunks (chunk u of lane l at
+// 16 (32 u + l)), then the aligned words that hold their scale bytes (at 4 (32 u + l)).
+__host__ __device__ constexpr std::size_t lane_early_bytes(int kU) { return std::size_t(kU) * 32 * (16 + 4); }
 // moe_down_lane_kernel's staging in one batch of loads: the routed slots' input groups (kB float4 per thread, as
 // stage_q8_global), the shared expert's input (one float4 per thread, as stage_x4) and the picks (as stage_down_slots)
 // are all requested before any is used, instead of one L2 round trip per part (the same values, so the same bits).
 // Launch B's staging took 1.47 instead of 2.08 µs after its wait and the step 2.364 instead of 2.384 ms per token
 // (H200, 2026-12-03, context 0, alternated in one process; docs/performance.md, session 21). Needs nq · 8 ≤ kB ·
-// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise.
+// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise. after_slots():
+// called by every thread once the loads have returned and the slots are stored (not yet visible to other threads),
+// before the quantization.
+template <class AfterSlots>
 __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, int2* q, float* sx, float const* __restrict__ h,
-                                                     MoeArgs const& a, int nq, std::int64_t n_sh) {
+                                                     MoeArgs const& a, int nq, std::int64_t n_sh, AfterSlots after_slots) {
   constexpr int kB = 4;
   int const tid = int(threadIdx.x), nt = int(blockDim.x), ngroups = nq * 8, top_k = a.top_k;
   float const* const hs = h + std::int64_t(top_k) * a.down.cols;
@@ -1677,6 +1683,7 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
   float const w = tid < top_k ? a.weights[tid] : 0.f;
   if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
   if (tid < top_k) put_down_slot<quant::Mxfp4>(sl, a, tid, e, w);
+  after_slots();
 #pragma unroll
   for (int i = 0; i < kB; ++i) {
     if (i * nt >= ngroups) break;  // uniform: no thread of the block has a group past here
@@ -1687,7 +1694,12 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 }
 // kOnce: the staging by stage_down_lane_once when it applies (the launcher's instance at Ling's shape, the one
 // measured; the others keep the three staging calls).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false>
+// kEarly (with kOnce, R = 1; LING_MOE_B_EARLY=1, not yet measured): the lanes copy their first row's codes and the
+// aligned words of its scale bytes into shared memory (cp.async, lane_early_bytes per warp after lane_smem_bytes) as
+// soon as the staging's loads have returned, before the quantization, instead of loading them after it. Unlike the
+// removed hoist (session 21: the copies went out before the staging's loads and delayed them 3.8 µs), every small
+// load of the launch has returned when the copies are issued.
+template <class KS, int kU, bool kFull, int R, bool kOnce = false, bool kEarly = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1713,7 +1725,36 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   }
   pdl_wait();
   trace_mark(a.trace_b, 1);
-  if (kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh)) {
+  static_assert(!kEarly || (kOnce && R == 1), "kEarly: with kOnce, one row per warp");
+  uint4* const ecode = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f4) + lane_smem_bytes(n_sh, nq) +
+                                                std::size_t(warp) * lane_early_bytes(kU));
+  std::uint32_t* const escale = reinterpret_cast<std::uint32_t*>(ecode + 32 * kU);
+  bool copied = false;  // kEarly: this warp's first row is in ecode / escale (uniform over the block)
+  auto early_copies = [&] {
+    if constexpr (kEarly) {
+      __syncthreads();  // the slots of threads < top_k
+      auto const* const data0 = static_cast<char const*>(a.down.data);
+      auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
+      if (first < rows) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          if (kFull || lane + 32 * u < nq) {
+            int const qq = lane + 32 * u, s = qq / C, j = qq - s * C;
+            char const* d = s_slots.data[s];  // null: a bad id, which reads expert 0 (its weight is NaN)
+            std::uint32_t const o = std::uint32_t((d ? d - data0 : 0) + 16 * j);
+            std::uint32_t const so =
+                std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
+            cp_async16(ecode + 32 * u + lane, data0 + first * rb + o);
+            std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + first * C + so);
+            cp_async4(escale + 32 * u + lane, reinterpret_cast<void const*>(sa & ~std::uintptr_t(3)));
+          }
+        }
+      }
+      cp_async_commit();
+      copied = true;
+    }
+  };
+  if (kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh, early_copies)) {
     e2m1_tables_store(s_tab);
   } else {
     if (a.has_shared) stage_x4(xs, h + std::int64_t(top_k) * inter, a.sdown.cols, n_sh);
@@ -1756,13 +1797,25 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     }
     uint4 v[kU][R];
     std::uint32_t sc[kU][R];
+    if (kEarly && copied && r0 == first) {
+      cp_async_wait(0);  // this lane's own copies
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (kFull || lane + 32 * u < nq) {
+      for (int u = 0; u < kU; ++u) {
+        if (kFull || lane + 32 * u < nq) {
+          std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + r0 * C + pso[u]);
+          v[u][0] = ecode[32 * u + lane];
+          sc[u][0] = (escale[32 * u + lane] >> (8 * (sa & 3u))) & 0xFFu;
+        }
+      }
+    } else {
 #pragma unroll
-        for (int n = 0; n < R; ++n) {
-          v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
-          sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
+      for (int u = 0; u < kU; ++u) {
+        if (kFull || lane + 32 * u < nq) {
+#pragma unroll
+          for (int n = 0; n < R; ++n) {
+            v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
+            sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
+          }
         }
       }
     }
@@ -1802,6 +1855,11 @@ inline int moe_lane_rows() {
 // moe_down_lane_kernel's kOnce at Ling's shape (one row per warp, 192 chunks): on by default; LING_MOE_B_STAGE1=0 for
 // the three staging calls (A/B measurements).
 inline bool moe_down_stage_once() { return !env_off("LING_MOE_B_STAGE1"); }
+// LING_MOE_B_EARLY=1: moe_down_lane_kernel's kEarly at the same shape (opt-in until measured).
+inline bool moe_down_early() {
+  char const* e = std::getenv("LING_MOE_B_EARLY");
+  return e && *e == '1';
+}
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>
@@ -1820,7 +1878,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
         a.down.count * a.down.scale_stride >= (std::int64_t(1) << 32))
       return false;
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-    std::size_t const smem = lane_smem_bytes(n_sh, nq);
+    std::size_t smem = lane_smem_bytes(n_sh, nq);
     if (smem > std::size_t(smem_optin_bytes())) return false;
     // one block per SM, warps enough for one pass over the rows (R each), 4 to lane_max_warps(R)
     int const R = moe_lane_rows();
@@ -1837,7 +1895,14 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
+      std::size_t const es = smem + std::size_t(warps) * lane_early_bytes(6);
+      if (moe_down_early() && es <= std::size_t(smem_optin_bytes())) {
+        smem = es;
+        return go(moe_down_lane_kernel<KS, 6, true, 1, true, true>);
+      }
+      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    }
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
