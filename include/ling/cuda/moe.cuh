@@ -119,10 +119,18 @@ __device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned ch
 // launcher's check holds) the block traps, which the host sees as a launch error, instead of hanging. The barrier
 // orders the blocks' earlier global writes before everyone's later reads (fence, then acquire), which must bypass L1
 // (__ldcg).
+// kAcqRel (LING_GRID_ACQREL=1 in MoE launch A, not yet measured): the release before the atomic is an acquire-release
+// fence at GPU scope instead of __threadfence()'s sequentially consistent one (MEMBAR.SC.GPU). Release and acquire are
+// what the barrier's message passing needs: the block barrier orders the other threads' writes before thread 0's
+// fence, and the waiting blocks read the counter with ld.acquire.
+template <bool kAcqRel = false>
 __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    if constexpr (kAcqRel)
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    else
+      __threadfence();
     std::uint64_t const target = grid_round::target(atomicAdd(bar, grid_round::increment(blockIdx.x, gridDim.x)));
     for (unsigned n = 0;; ++n) {
       unsigned long long v;
@@ -1066,7 +1074,8 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
-template <int kW, bool kBiased, int kDiag = 0>
+// kAcqRel: grid_barrier's acquire-release variant (LING_GRID_ACQREL=1, 16 warps, default lookup; not yet measured).
+template <int kW, bool kBiased, int kDiag = 0, bool kAcqRel = false>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1167,7 +1176,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    grid_barrier(a.grid_bar);
+    grid_barrier<kAcqRel>(a.grid_bar);
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
@@ -1454,6 +1463,11 @@ inline int moe_diag_a() {
   char const* e = std::getenv("LING_MOE_DIAG_A");
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
 }
+// LING_GRID_ACQREL=1: launch A's streamed kernel (16 warps, default lookup) with grid_barrier<true> (A/B measurements).
+inline bool grid_acq_rel_on() {
+  char const* e = std::getenv("LING_GRID_ACQREL");
+  return e && *e == '1';
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1598,6 +1612,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
+    if (grid_acq_rel_on() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
