@@ -249,10 +249,7 @@ inline bool matvec_mma_enabled() {
 // LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj, MLA kv_b and dense) on the kernel that copies
 // its weights into shared memory before the PDL wait (linear.cuh; measured slower, so opt-in).
 inline bool matvec_preload_enabled() {
-  static bool const on = [] {
-    char const* e = std::getenv("LING_MATVEC_PRELOAD");
-    return e && *e == '1';
-  }();
+  static bool const on = env_on("LING_MATVEC_PRELOAD");
   return on;
 }
 

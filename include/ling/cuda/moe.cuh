@@ -1421,10 +1421,7 @@ inline int moe_stream_mode() {
 // instructions, but more stalls on instruction fetch, where this kernel already loses 36% of its cycles. Measured again
 // on the smaller kernel of session 8 (6.4 K SASS instructions; H200, 2026-12-02, same binary, alternating): 2.621 /
 // 2.621 against 2.585 / 2.584 ms/token, still slower.
-inline bool moe_q8u_on() {
-  char const* e = std::getenv("LING_MOE_Q8U");
-  return e && *e == '1';
-}
+inline bool moe_q8u_on() { return env_on("LING_MOE_Q8U"); }
 // Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
 // the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
 // 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
@@ -1464,10 +1461,7 @@ inline int moe_diag_a() {
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
 }
 // LING_GRID_ACQREL=1: launch A's streamed kernel (16 warps, default lookup) with grid_barrier<true> (A/B measurements).
-inline bool grid_acq_rel_on() {
-  char const* e = std::getenv("LING_GRID_ACQREL");
-  return e && *e == '1';
-}
+inline bool grid_acq_rel_on() { return env_on("LING_GRID_ACQREL"); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1744,7 +1738,16 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   uint4* const ecode = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f4) + lane_smem_bytes(n_sh, nq) +
                                                 std::size_t(warp) * lane_early_bytes(kU));
   std::uint32_t* const escale = reinterpret_cast<std::uint32_t*>(ecode + 32 * kU);
-  bool copied = false;  // kEarly: this warp's first row is in ecode / escale (uniform over the block)
+  // chunk u of this lane (the concatenation's chunk qq): byte offsets of its 16 bytes of row 0 from data0 (the first
+  // expert's data) and of its scale byte from scales0 (32 bits: the launcher checks the expert tensors are < 4 GB); a bad id
+  // (null slot) reads expert 0, and its routing weight is NaN
+  auto lane_offsets = [&](int u, char const* data0, std::uint8_t const* scales0, std::uint32_t& o, std::uint32_t& so) {
+    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
+    int const s = qq / C, j = qq - s * C;
+    char const* d = s_slots.data[s];
+    o = std::uint32_t((d ? d - data0 : 0) + 16 * j);
+    so = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
+  };
   auto early_copies = [&] {
     if constexpr (kEarly) {
       __syncthreads();  // the slots of threads < top_k
@@ -1754,11 +1757,8 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           if (kFull || lane + 32 * u < nq) {
-            int const qq = lane + 32 * u, s = qq / C, j = qq - s * C;
-            char const* d = s_slots.data[s];  // null: a bad id, which reads expert 0 (its weight is NaN)
-            std::uint32_t const o = std::uint32_t((d ? d - data0 : 0) + 16 * j);
-            std::uint32_t const so =
-                std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
+            std::uint32_t o, so;
+            lane_offsets(u, data0, scales0, o, so);
             cp_async16(ecode + 32 * u + lane, data0 + first * rb + o);
             std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + first * C + so);
             cp_async4(escale + 32 * u + lane, reinterpret_cast<void const*>(sa & ~std::uintptr_t(3)));
@@ -1766,10 +1766,11 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         }
       }
       cp_async_commit();
-      copied = true;
     }
   };
-  if (kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh, early_copies)) {
+  // once: staged by stage_down_lane_once (with kEarly, this warp's first row is then in ecode / escale); uniform
+  bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh, early_copies);
+  if (once) {
     e2m1_tables_store(s_tab);
   } else {
     if (a.has_shared) stage_x4(xs, h + std::int64_t(top_k) * inter, a.sdown.cols, n_sh);
@@ -1780,20 +1781,16 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   __syncthreads();
   trace_mark(a.trace_b, 2);
 
-  // this lane's chunks: byte offsets of their 16 bytes of row 0 from the first expert's data and of their scale byte
-  // from its scales (32 bits: the launcher checks the expert tensors are < 4 GB), routing weight × input scale
+  // this lane's chunks: their offsets (lane_offsets) and routing weight × input scale (NaN for a bad id)
   auto const* const data0 = static_cast<char const*>(a.down.data);
   auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
   std::uint32_t po[kU], pso[kU];
   float f[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
-    int const s = qq / C, j = qq - s * C;
-    char const* d = s_slots.data[s];  // null: a bad id, which reads expert 0 with a NaN weight
-    po[u] = std::uint32_t((d ? d - data0 : 0) + 16 * j);
-    pso[u] = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
-    f[u] = d ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
+    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0, s = qq / C;
+    lane_offsets(u, data0, scales0, po[u], pso[u]);
+    f[u] = s_slots.data[s] ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
   }
   std::uint32_t pos_lo, neg_lo;
   e2m1_tables_load(s_tab, pos_lo, neg_lo);
@@ -1812,7 +1809,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     }
     uint4 v[kU][R];
     std::uint32_t sc[kU][R];
-    if (kEarly && copied && r0 == first) {
+    if (kEarly && once && r0 == first) {
       cp_async_wait(0);  // this lane's own copies
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
@@ -1871,10 +1868,7 @@ inline int moe_lane_rows() {
 // the three staging calls (A/B measurements).
 inline bool moe_down_stage_once() { return !env_off("LING_MOE_B_STAGE1"); }
 // LING_MOE_B_EARLY=1: moe_down_lane_kernel's kEarly at the same shape (opt-in until measured).
-inline bool moe_down_early() {
-  char const* e = std::getenv("LING_MOE_B_EARLY");
-  return e && *e == '1';
-}
+inline bool moe_down_early() { return env_on("LING_MOE_B_EARLY"); }
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>

@@ -26,6 +26,11 @@ inline bool env_off(char const* name) {
   char const* e = std::getenv(name);
   return e && *e == '0';
 }
+// An opt-in switch of the environment turned on: `name` set to a value starting with '1' (unset: off).
+inline bool env_on(char const* name) {
+  char const* e = std::getenv(name);
+  return e && *e == '1';
+}
 
 inline bool device_available() {
   int n = 0;
