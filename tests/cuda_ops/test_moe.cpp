@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <utility>
@@ -285,6 +286,47 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
     CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
     unsetenv(name.c_str());
   }
+}
+
+// Launch A's lean decode (LING_MOE_LEAN_A=1: two row pairs per pass, the table word in a register, branch-free
+// scales; =2: the same on the biased lookup) computes each row's sum in the default's order: h and the output equal the default's bit for bit. Ling's
+// rows (80 chunks: 16 lanes per row), 12 chunks (32 lanes per row), tiles of 6 and 2 row pairs (a partial pass and
+// partial tiles at 160 rows), and an out-of-range id (its rows NaN).
+TEST_CASE("moe: launch A's lean decode gives the default's bits") {
+  LING_REQUIRE_GPU();
+  setenv("LING_MOE_STREAM", "1", 1);
+  setenv("LING_MOE_STREAM_WARPS_A", "16", 1);
+  struct Shape {
+    std::int64_t hidden, inter;
+    char const* rows;
+  };
+  for (Shape const sh : {Shape{2560, 768, "4,2"}, Shape{384, 160, "4,2"}, Shape{2560, 160, "6,3"}, Shape{384, 96, "2,1"}}) {
+    CAPTURE(sh.hidden);
+    CAPTURE(sh.inter);
+    CAPTURE(sh.rows);
+    setenv("LING_MOE_ROWS_A", sh.rows, 1);
+    auto w = random_mxfp4_experts(sh.hidden, sh.inter, 12);
+    auto const x = randn(static_cast<std::size_t>(sh.hidden), 3.f);
+    for (std::vector<int> const& ids : {std::vector<int>{2, 7, 0, 1, 3, 4, 5, 11}, std::vector<int>{5, 1000, 9}}) {
+      std::vector<float> const wts(ids.size(), 0.25f);
+      setenv("LING_MOE_LEAN_A", "0", 1);
+      auto const [h0, o0] = run_moe(w, ids, wts, x);
+      for (char const* lean : {"1", "2"}) {
+        CAPTURE(lean);
+        setenv("LING_MOE_LEAN_A", lean, 1);
+        auto const [h1, o1] = run_moe(w, ids, wts, x);
+        REQUIRE(h0.size() == h1.size());
+        CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
+        CHECK(std::count_if(h1.begin(), h1.end(), [](float v) { return std::isnan(v); }) ==
+              (ids[1] == 1000 ? sh.inter : 0));
+      }
+    }
+  }
+  unsetenv("LING_MOE_LEAN_A");
+  unsetenv("LING_MOE_ROWS_A");
+  unsetenv("LING_MOE_STREAM");
+  unsetenv("LING_MOE_STREAM_WARPS_A");
 }
 
 TEST_CASE("moe: f16 tensor-core path (Mxfp4QuadMma) against the same reference") {

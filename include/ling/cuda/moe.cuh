@@ -294,6 +294,31 @@ __device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, i
   }
 }
 
+// q8_chunk with the table's low word in a register (tab_lo = kE2m1TabLo, loaded so that the compiler cannot rebuild it
+// as an immediate before every PRMT; launch A's lean decode, LING_MOE_LEAN_A): the same sums.
+template <int NR>
+__device__ __forceinline__ void q8_chunk_tab(uint4 const (&v)[NR], int2 const* xq, std::uint32_t tab_lo, int (&ap)[NR],
+                                             int (&an)[NR], int (&bp)[NR], int (&bn)[NR]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
+#pragma unroll
+    for (int n = 0; n < NR; ++n) {
+      std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
+      int const p0 = int(prmt_sign(tab_lo, kE2m1TabHi, w)), m0 = int(prmt_sign(tab_lo, kE2m1TabHi, nw));
+      int const p1 = int(prmt_sign(tab_lo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(tab_lo, kE2m1TabHi, nw >> 16));
+      ap[n] = __dp4a(p0, xl.x, ap[n]);
+      an[n] = __dp4a(m0, xl.x, an[n]);
+      bp[n] = __dp4a(p0, xl.y, bp[n]);
+      bn[n] = __dp4a(m0, xl.y, bn[n]);
+      ap[n] = __dp4a(p1, xh.x, ap[n]);
+      an[n] = __dp4a(m1, xh.x, an[n]);
+      bp[n] = __dp4a(p1, xh.y, bp[n]);
+      bn[n] = __dp4a(m1, xh.y, bn[n]);
+    }
+  }
+}
+
 // Biased lookup (launch A's streamed kernel and launch B's lane kernel): u = 2 E2M1 + 12 ∈ [0, 24], one PRMT pair
 // (positive codes from one table, negative from the other, each zero where the other applies) and one DP4A per limb
 // per 4 codes, instead of two DP4A (positive and negative codes apart). Σ u q = Σ (2 E2M1) q + 12 Σ q, so each DP4A
@@ -1075,7 +1100,13 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
 // kAcqRel: grid_barrier's acquire-release variant (LING_GRID_ACQREL=1, 16 warps, default lookup; not yet measured).
-template <int kW, bool kBiased, int kDiag = 0, bool kAcqRel = false>
+// kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; not yet measured): each lane group decodes two row pairs of its
+// tile per pass (q8_chunk_tab<4>: gate and up of rows i and i + 32 / L against one load of each limb word), so the
+// chunk loop runs once instead of twice at Ling's shapes with twice the independent DP4A chains; the table's low word
+// stays in a register and the block scales are decoded without branches. The same sums in the same order per row.
+// kLean = 2 (LING_MOE_LEAN_A=2): the same on the biased lookup (q8u_chunk<4>: one DP4A per limb and 4 codes), whose
+// integer sums equal q8_chunk's.
+template <int kW, bool kBiased, int kDiag = 0, bool kAcqRel = false, int kLean = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1185,11 +1216,15 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  e2m1_tables_store(s_tab);
+  if constexpr (kLean == 1) {
+    if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
+  } else {
+    e2m1_tables_store(s_tab);
+  }
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
-  if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
+  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean = 1: pos_lo is kE2m1TabLo
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1227,36 +1262,73 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      for (int i0 = 0; i0 < nr; i0 += 32 / L) {
-        int const i = i0 + sub;
-        float ag = 0.f, au = 0.f;
-        if (i < nr) {
-          uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
-          uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
-          int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
-          for (int j = sl; j < jend; j += L) {
+      if constexpr (kLean > 0) {
+        int const P = 32 / L;  // row groups per warp
+        for (int i0 = 0; i0 < nr; i0 += 2 * P) {
+          int const ia = i0 + sub, ib = ia + P;
+          bool const oka = ia < nr, okb = ib < nr;
+          int const ja = oka ? ia : 0, jb = okb ? ib : ja;  // rows past the tile's read a valid row; not written
+          uint4 const* const rows[4] = {reinterpret_cast<uint4 const*>(base + ja * rb), reinterpret_cast<uint4 const*>(base + (R + ja) * rb),
+                                        reinterpret_cast<uint4 const*>(base + jb * rb), reinterpret_cast<uint4 const*>(base + (R + jb) * rb)};
+          std::uint8_t const* const scs[4] = {gsc + ja * nblk, usc + ja * nblk, gsc + jb * nblk, usc + jb * nblk};
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int j = sl; j < nblk; j += L) {
             float const xsc = sx[j];
-            if constexpr (kBiased) {
-              uint4 const v[2] = {gr[j], ur[j]};
-              int2 d[2];
-              q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
-              ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
-              au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+            uint4 const v[4] = {rows[0][j], rows[1][j], rows[2][j], rows[3][j]};
+            int2 d[4];
+            if constexpr (kLean == 2) {
+              q8u_chunk<4>(v, q + 9 * j, pos_lo, neg_lo, d);
             } else {
-              uint4 const v[2] = {gr[j], ur[j]};
-              int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
-              q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
-              ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
-              au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
+              int ap[4] = {0, 0, 0, 0}, an[4] = {0, 0, 0, 0}, bp[4] = {0, 0, 0, 0}, bn[4] = {0, 0, 0, 0};
+              q8_chunk_tab<4>(v, q + q8_slot(8 * j), pos_lo, ap, an, bp, bn);
+#pragma unroll
+              for (int n = 0; n < 4; ++n) d[n] = make_int2(ap[n] - an[n], bp[n] - bn[n]);
             }
+#pragma unroll
+            for (int n = 0; n < 4; ++n)
+              acc[n] = fmaf(fmaf(float(d[n].y), kQ8LimbScale, float(d[n].x)), ue8m0_float_sel(scs[n][j]) * xsc, acc[n]);
+          }
+          for (int o = L >> 1; o > 0; o >>= 1)
+#pragma unroll
+            for (int n = 0; n < 4; ++n) acc[n] += __shfl_xor_sync(0xffffffffu, acc[n], o);
+          if (sl == 0) {
+            float const bad = __uint_as_float(0x7FC00000u);
+            if (oka) h[std::int64_t(s) * inter + r0 + ia] = swiglu(e < 0 ? bad : acc[0], acc[1], a.routed_limit);
+            if (okb) h[std::int64_t(s) * inter + r0 + ib] = swiglu(e < 0 ? bad : acc[2], acc[3], a.routed_limit);
           }
         }
-        for (int o = L >> 1; o > 0; o >>= 1) {
-          ag += __shfl_xor_sync(0xffffffffu, ag, o);
-          au += __shfl_xor_sync(0xffffffffu, au, o);
+      } else {
+        for (int i0 = 0; i0 < nr; i0 += 32 / L) {
+          int const i = i0 + sub;
+          float ag = 0.f, au = 0.f;
+          if (i < nr) {
+            uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
+            uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
+            int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
+            for (int j = sl; j < jend; j += L) {
+              float const xsc = sx[j];
+              if constexpr (kBiased) {
+                uint4 const v[2] = {gr[j], ur[j]};
+                int2 d[2];
+                q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
+                ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
+                au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+              } else {
+                uint4 const v[2] = {gr[j], ur[j]};
+                int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
+                q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
+                ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
+                au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
+              }
+            }
+          }
+          for (int o = L >> 1; o > 0; o >>= 1) {
+            ag += __shfl_xor_sync(0xffffffffu, ag, o);
+            au += __shfl_xor_sync(0xffffffffu, au, o);
+          }
+          if (i < nr && sl == 0)
+            h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
         }
-        if (i < nr && sl == 0)
-          h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
       }
     }
     if (m + D < mine) {
@@ -1462,6 +1534,12 @@ inline int moe_diag_a() {
 }
 // LING_GRID_ACQREL=1: launch A's streamed kernel (16 warps, default lookup) with grid_barrier<true> (A/B measurements).
 inline bool grid_acq_rel_on() { return env_on("LING_GRID_ACQREL"); }
+// LING_MOE_LEAN_A=1|2: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean = 1, or 2 on
+// the biased lookup; A/B measurements, not yet measured).
+inline int moe_lean_a() {
+  char const* e = std::getenv("LING_MOE_LEAN_A");
+  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1607,6 +1685,9 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
     if (grid_acq_rel_on() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
+    if (int const lean = moe_lean_a(); lean > 0 && warps == 16 && !biased)
+      return lean == 1 ? go(moe_gate_up_stream_kernel<16, false, 0, false, 1>, 16)
+                       : go(moe_gate_up_stream_kernel<16, false, 0, false, 2>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
