@@ -265,13 +265,12 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
 }
 
 // Launch B's lane kernel with its staging in one batch of loads (the default at Ling's shape: 192 chunks, one row per
-// warp), with the three staging calls (LING_MOE_B_STAGE1=0), and with the first row's codes copied into shared memory
-// right after the staging's loads (LING_MOE_B_EARLY=1): Ling's shape, no shared expert and fewer rows than warps, two
-// passes over the rows (4 096 rows: the second pass loads as usual), and an out-of-range id (every output NaN, no read
-// outside the expert arrays).
+// warp) and with the three staging calls (LING_MOE_B_STAGE1=0): Ling's shape, no shared expert and fewer rows than
+// warps, two passes over the rows (4 096 rows), and an out-of-range id (every output NaN, no read outside the expert
+// arrays).
 TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") {
   LING_REQUIRE_GPU();
-  for (char const* var : {"LING_MOE_B_STAGE1=1", "LING_MOE_B_STAGE1=0", "LING_MOE_B_EARLY=1"}) {
+  for (char const* var : {"LING_MOE_B_STAGE1=1", "LING_MOE_B_STAGE1=0"}) {
     CAPTURE(var);
     std::string const kv(var);
     std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
@@ -289,7 +288,7 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
 }
 
 // Launch A's lean decode (LING_MOE_LEAN_A=1: two row pairs per pass, the table word in a register, branch-free
-// scales; =2: the same on the biased lookup) computes each row's sum in the default's order: h and the output equal the default's bit for bit. Ling's
+// scales; inline, out of line, and out of line one row pair per pass) computes each row's sum in the default's order: h and the output equal the default's bit for bit. Ling's
 // rows (80 chunks: 16 lanes per row), 12 chunks (32 lanes per row), tiles of 6 and 2 row pairs (a partial pass and
 // partial tiles at 160 rows), and an out-of-range id (its rows NaN).
 TEST_CASE("moe: launch A's lean decode gives the default's bits") {
@@ -311,7 +310,7 @@ TEST_CASE("moe: launch A's lean decode gives the default's bits") {
       std::vector<float> const wts(ids.size(), 0.25f);
       setenv("LING_MOE_LEAN_A", "0", 1);
       auto const [h0, o0] = run_moe(w, ids, wts, x);
-      for (char const* lean : {"1", "2"}) {
+      for (char const* lean : {"1", "2", "3"}) {
         CAPTURE(lean);
         setenv("LING_MOE_LEAN_A", lean, 1);
         auto const [h1, o1] = run_moe(w, ids, wts, x);

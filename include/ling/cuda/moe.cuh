@@ -119,18 +119,12 @@ __device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned ch
 // launcher's check holds) the block traps, which the host sees as a launch error, instead of hanging. The barrier
 // orders the blocks' earlier global writes before everyone's later reads (fence, then acquire), which must bypass L1
 // (__ldcg).
-// kAcqRel (LING_GRID_ACQREL=1 in MoE launch A, not yet measured): the release before the atomic is an acquire-release
-// fence at GPU scope instead of __threadfence()'s sequentially consistent one (MEMBAR.SC.GPU). Release and acquire are
-// what the barrier's message passing needs: the block barrier orders the other threads' writes before thread 0's
-// fence, and the waiting blocks read the counter with ld.acquire.
-template <bool kAcqRel = false>
+// Measured and removed (session 22): an acquire-release fence (fence.acq_rel.gpu, MEMBAR.ALL.GPU) instead of
+// __threadfence()'s MEMBAR.SC.GPU before the atomic, 2.366 / 2.365 against 2.365 / 2.364 ms/token: no effect.
 __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    if constexpr (kAcqRel)
-      asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    else
-      __threadfence();
+    __threadfence();
     std::uint64_t const target = grid_round::target(atomicAdd(bar, grid_round::increment(blockIdx.x, gridDim.x)));
     for (unsigned n = 0;; ++n) {
       unsigned long long v;
@@ -1091,6 +1085,69 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
   return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
 }
 
+// Launch A's lean decode of one routed tile (kLean, LING_MOE_LEAN_A): lanes [16 sub, 16 sub + L) take rows
+// i0 + sub + P k (P = 32 / L row groups per warp, k < kNR) of the tile's R gate rows and R up rows (base), each lane the
+// chunks j = sl + L u; q8_chunk_tab<2 kNR> reads each limb word once for all of them, with the table's low word tab_lo
+// in a register, and the block scales (gsc, usc: the tile's scale bytes, row-major) are decoded without branches.
+// Writes hrow[i] = φ(gate_i, up_i) for the tile's nr rows (NaN gates when bad). Each row's sum is the default loop's,
+// in its order.
+template <int kNR>
+__device__ __forceinline__ void routed_tile_lean(unsigned char const* base, int R, std::int64_t rb, int nr, int nblk, int L,
+                                                 int2 const* q, float const* sx, std::uint8_t const* gsc,
+                                                 std::uint8_t const* usc, std::uint32_t tab_lo, float* hrow, bool bad,
+                                                 float limit) {
+  constexpr int NM = 2 * kNR;  // matrices' rows per pass: gate and up of kNR rows
+  int const lane = int(threadIdx.x & 31), P = 32 / L, sub = lane / L, sl = lane % L;
+  for (int i0 = 0; i0 < nr; i0 += kNR * P) {
+    int ir[kNR];
+    uint4 const* rows[NM];
+    std::uint8_t const* scs[NM];
+#pragma unroll
+    for (int k = 0; k < kNR; ++k) {
+      ir[k] = i0 + sub + k * P;
+      int const jr = ir[k] < nr ? ir[k] : i0 + sub < nr ? i0 + sub : 0;  // rows past the tile read a valid row
+      rows[2 * k] = reinterpret_cast<uint4 const*>(base + jr * rb);
+      rows[2 * k + 1] = reinterpret_cast<uint4 const*>(base + (R + jr) * rb);
+      scs[2 * k] = gsc + jr * nblk;
+      scs[2 * k + 1] = usc + jr * nblk;
+    }
+    float acc[NM];
+#pragma unroll
+    for (int n = 0; n < NM; ++n) acc[n] = 0.f;
+    for (int j = sl; j < nblk; j += L) {
+      float const xsc = sx[j];
+      uint4 v[NM];
+      int ap[NM], an[NM], bp[NM], bn[NM];
+#pragma unroll
+      for (int n = 0; n < NM; ++n) {
+        v[n] = rows[n][j];
+        ap[n] = an[n] = bp[n] = bn[n] = 0;
+      }
+      q8_chunk_tab<NM>(v, q + q8_slot(8 * j), tab_lo, ap, an, bp, bn);
+#pragma unroll
+      for (int n = 0; n < NM; ++n)
+        acc[n] = fmaf(fmaf(float(bp[n] - bn[n]), kQ8LimbScale, float(ap[n] - an[n])), ue8m0_float_sel(scs[n][j]) * xsc, acc[n]);
+    }
+    for (int o = L >> 1; o > 0; o >>= 1)
+#pragma unroll
+      for (int n = 0; n < NM; ++n) acc[n] += __shfl_xor_sync(0xffffffffu, acc[n], o);
+    if (sl == 0) {
+#pragma unroll
+      for (int k = 0; k < kNR; ++k)
+        if (ir[k] < nr) hrow[ir[k]] = swiglu(bad ? __uint_as_float(0x7FC00000u) : acc[2 * k], acc[2 * k + 1], limit);
+    }
+  }
+}
+// The same out of line (LING_MOE_LEAN_A=2|3): its registers are allocated apart from the rest of launch A, whose
+// prologue (selection, copies) then compiles as in the default instance.
+template <int kNR>
+__device__ __noinline__ void routed_tile_lean_call(unsigned char const* base, int R, std::int64_t rb, int nr, int nblk, int L,
+                                                   int2 const* q, float const* sx, std::uint8_t const* gsc,
+                                                   std::uint8_t const* usc, std::uint32_t tab_lo, float* hrow, bool bad,
+                                                   float limit) {
+  routed_tile_lean<kNR>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, tab_lo, hrow, bad, limit);
+}
+
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
 // kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). A tile arrives by four
@@ -1099,14 +1156,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
-// kAcqRel: grid_barrier's acquire-release variant (LING_GRID_ACQREL=1, 16 warps, default lookup; not yet measured).
-// kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; not yet measured): each lane group decodes two row pairs of its
-// tile per pass (q8_chunk_tab<4>: gate and up of rows i and i + 32 / L against one load of each limb word), so the
-// chunk loop runs once instead of twice at Ling's shapes with twice the independent DP4A chains; the table's low word
-// stays in a register and the block scales are decoded without branches. The same sums in the same order per row.
-// kLean = 2 (LING_MOE_LEAN_A=2): the same on the biased lookup (q8u_chunk<4>: one DP4A per limb and 4 codes), whose
-// integer sums equal q8_chunk's.
-template <int kW, bool kBiased, int kDiag = 0, bool kAcqRel = false, int kLean = 0>
+// kLean (LING_MOE_LEAN_A, 16 warps, default lookup; A/B measurements): the routed tiles by routed_tile_lean, two row
+// pairs per pass inline (1), out of line (2), one row pair per pass out of line (3).
+template <int kW, bool kBiased, int kDiag = 0, int kLean = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1207,7 +1259,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    grid_barrier<kAcqRel>(a.grid_bar);
+    grid_barrier(a.grid_bar);
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
@@ -1216,7 +1268,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  if constexpr (kLean == 1) {
+  if constexpr (kLean > 0) {
     if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
   } else {
     e2m1_tables_store(s_tab);
@@ -1224,7 +1276,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
-  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean = 1: pos_lo is kE2m1TabLo
+  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1263,40 +1315,13 @@ __global__ void __launch_bounds__(kW * 32, 1)
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
       if constexpr (kLean > 0) {
-        int const P = 32 / L;  // row groups per warp
-        for (int i0 = 0; i0 < nr; i0 += 2 * P) {
-          int const ia = i0 + sub, ib = ia + P;
-          bool const oka = ia < nr, okb = ib < nr;
-          int const ja = oka ? ia : 0, jb = okb ? ib : ja;  // rows past the tile's read a valid row; not written
-          uint4 const* const rows[4] = {reinterpret_cast<uint4 const*>(base + ja * rb), reinterpret_cast<uint4 const*>(base + (R + ja) * rb),
-                                        reinterpret_cast<uint4 const*>(base + jb * rb), reinterpret_cast<uint4 const*>(base + (R + jb) * rb)};
-          std::uint8_t const* const scs[4] = {gsc + ja * nblk, usc + ja * nblk, gsc + jb * nblk, usc + jb * nblk};
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-          for (int j = sl; j < nblk; j += L) {
-            float const xsc = sx[j];
-            uint4 const v[4] = {rows[0][j], rows[1][j], rows[2][j], rows[3][j]};
-            int2 d[4];
-            if constexpr (kLean == 2) {
-              q8u_chunk<4>(v, q + 9 * j, pos_lo, neg_lo, d);
-            } else {
-              int ap[4] = {0, 0, 0, 0}, an[4] = {0, 0, 0, 0}, bp[4] = {0, 0, 0, 0}, bn[4] = {0, 0, 0, 0};
-              q8_chunk_tab<4>(v, q + q8_slot(8 * j), pos_lo, ap, an, bp, bn);
-#pragma unroll
-              for (int n = 0; n < 4; ++n) d[n] = make_int2(ap[n] - an[n], bp[n] - bn[n]);
-            }
-#pragma unroll
-            for (int n = 0; n < 4; ++n)
-              acc[n] = fmaf(fmaf(float(d[n].y), kQ8LimbScale, float(d[n].x)), ue8m0_float_sel(scs[n][j]) * xsc, acc[n]);
-          }
-          for (int o = L >> 1; o > 0; o >>= 1)
-#pragma unroll
-            for (int n = 0; n < 4; ++n) acc[n] += __shfl_xor_sync(0xffffffffu, acc[n], o);
-          if (sl == 0) {
-            float const bad = __uint_as_float(0x7FC00000u);
-            if (oka) h[std::int64_t(s) * inter + r0 + ia] = swiglu(e < 0 ? bad : acc[0], acc[1], a.routed_limit);
-            if (okb) h[std::int64_t(s) * inter + r0 + ib] = swiglu(e < 0 ? bad : acc[2], acc[3], a.routed_limit);
-          }
-        }
+        float* const hrow = h + std::int64_t(s) * inter + r0;
+        if constexpr (kLean == 1)
+          routed_tile_lean<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
+        else if constexpr (kLean == 2)
+          routed_tile_lean_call<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
+        else
+          routed_tile_lean_call<1>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
       } else {
         for (int i0 = 0; i0 < nr; i0 += 32 / L) {
           int const i = i0 + sub;
@@ -1532,13 +1557,11 @@ inline int moe_diag_a() {
   char const* e = std::getenv("LING_MOE_DIAG_A");
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
 }
-// LING_GRID_ACQREL=1: launch A's streamed kernel (16 warps, default lookup) with grid_barrier<true> (A/B measurements).
-inline bool grid_acq_rel_on() { return env_on("LING_GRID_ACQREL"); }
-// LING_MOE_LEAN_A=1|2: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean = 1, or 2 on
-// the biased lookup; A/B measurements, not yet measured).
+// LING_MOE_LEAN_A=1|2|3: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; A/B
+// measurements).
 inline int moe_lean_a() {
   char const* e = std::getenv("LING_MOE_LEAN_A");
-  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+  return e && *e >= '1' && *e <= '3' ? *e - '0' : 0;
 }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
@@ -1684,10 +1707,10 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
-    if (grid_acq_rel_on() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
     if (int const lean = moe_lean_a(); lean > 0 && warps == 16 && !biased)
-      return lean == 1 ? go(moe_gate_up_stream_kernel<16, false, 0, false, 1>, 16)
-                       : go(moe_gate_up_stream_kernel<16, false, 0, false, 2>, 16);
+      return lean == 1   ? go(moe_gate_up_stream_kernel<16, false, 0, 1>, 16)
+             : lean == 2 ? go(moe_gate_up_stream_kernel<16, false, 0, 2>, 16)
+                         : go(moe_gate_up_stream_kernel<16, false, 0, 3>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
@@ -1742,20 +1765,14 @@ __host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int
   return (std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
           std::size_t(nq) * sizeof(float) + 15) / 16 * 16;
 }
-// moe_down_lane_kernel's kEarly buffer per warp, after lane_smem_bytes: its lanes' kU code chunks (chunk u of lane l at
-// 16 (32 u + l)), then the aligned words that hold their scale bytes (at 4 (32 u + l)).
-__host__ __device__ constexpr std::size_t lane_early_bytes(int kU) { return std::size_t(kU) * 32 * (16 + 4); }
 // moe_down_lane_kernel's staging in one batch of loads: the routed slots' input groups (kB float4 per thread, as
 // stage_q8_global), the shared expert's input (one float4 per thread, as stage_x4) and the picks (as stage_down_slots)
 // are all requested before any is used, instead of one L2 round trip per part (the same values, so the same bits).
 // Launch B's staging took 1.47 instead of 2.08 µs after its wait and the step 2.364 instead of 2.384 ms per token
 // (H200, 2026-12-03, context 0, alternated in one process; docs/performance.md, session 21). Needs nq · 8 ≤ kB ·
-// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise. after_slots():
-// called by every thread once the loads have returned and the slots are stored (not yet visible to other threads),
-// before the quantization.
-template <class AfterSlots>
+// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise.
 __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, int2* q, float* sx, float const* __restrict__ h,
-                                                     MoeArgs const& a, int nq, std::int64_t n_sh, AfterSlots after_slots) {
+                                                     MoeArgs const& a, int nq, std::int64_t n_sh) {
   constexpr int kB = 4;
   int const tid = int(threadIdx.x), nt = int(blockDim.x), ngroups = nq * 8, top_k = a.top_k;
   float const* const hs = h + std::int64_t(top_k) * a.down.cols;
@@ -1773,7 +1790,6 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
   float const w = tid < top_k ? a.weights[tid] : 0.f;
   if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
   if (tid < top_k) put_down_slot<quant::Mxfp4>(sl, a, tid, e, w);
-  after_slots();
 #pragma unroll
   for (int i = 0; i < kB; ++i) {
     if (i * nt >= ngroups) break;  // uniform: no thread of the block has a group past here
@@ -1784,12 +1800,10 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 }
 // kOnce: the staging by stage_down_lane_once when it applies (the launcher's instance at Ling's shape, the one
 // measured; the others keep the three staging calls).
-// kEarly (with kOnce, R = 1; LING_MOE_B_EARLY=1, not yet measured): the lanes copy their first row's codes and the
-// aligned words of its scale bytes into shared memory (cp.async, lane_early_bytes per warp after lane_smem_bytes) as
-// soon as the staging's loads have returned, before the quantization, instead of loading them after it. Unlike the
-// removed hoist (session 21: the copies went out before the staging's loads and delayed them 3.8 µs), every small
-// load of the launch has returned when the copies are issued.
-template <class KS, int kU, bool kFull, int R, bool kOnce = false, bool kEarly = false>
+// Measured and removed (session 22, docs/kernels.md): the lanes' first-row codes and scale words copied into shared
+// memory (cp.async) once the one-batch staging's loads had returned, before the quantization (LING_MOE_B_EARLY=1):
+// 2.462 against 2.365 ms/token.
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1815,10 +1829,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   }
   pdl_wait();
   trace_mark(a.trace_b, 1);
-  static_assert(!kEarly || (kOnce && R == 1), "kEarly: with kOnce, one row per warp");
-  uint4* const ecode = reinterpret_cast<uint4*>(reinterpret_cast<char*>(smem_f4) + lane_smem_bytes(n_sh, nq) +
-                                                std::size_t(warp) * lane_early_bytes(kU));
-  std::uint32_t* const escale = reinterpret_cast<std::uint32_t*>(ecode + 32 * kU);
   // chunk u of this lane (the concatenation's chunk qq): byte offsets of its 16 bytes of row 0 from data0 (the first
   // expert's data) and of its scale byte from scales0 (32 bits: the launcher checks the expert tensors are < 4 GB); a bad id
   // (null slot) reads expert 0, and its routing weight is NaN
@@ -1829,28 +1839,8 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     o = std::uint32_t((d ? d - data0 : 0) + 16 * j);
     so = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
   };
-  auto early_copies = [&] {
-    if constexpr (kEarly) {
-      __syncthreads();  // the slots of threads < top_k
-      auto const* const data0 = static_cast<char const*>(a.down.data);
-      auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
-      if (first < rows) {
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          if (kFull || lane + 32 * u < nq) {
-            std::uint32_t o, so;
-            lane_offsets(u, data0, scales0, o, so);
-            cp_async16(ecode + 32 * u + lane, data0 + first * rb + o);
-            std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + first * C + so);
-            cp_async4(escale + 32 * u + lane, reinterpret_cast<void const*>(sa & ~std::uintptr_t(3)));
-          }
-        }
-      }
-      cp_async_commit();
-    }
-  };
-  // once: staged by stage_down_lane_once (with kEarly, this warp's first row is then in ecode / escale); uniform
-  bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh, early_copies);
+  // once: staged by stage_down_lane_once; uniform
+  bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
   if (once) {
     e2m1_tables_store(s_tab);
   } else {
@@ -1890,25 +1880,13 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     }
     uint4 v[kU][R];
     std::uint32_t sc[kU][R];
-    if (kEarly && once && r0 == first) {
-      cp_async_wait(0);  // this lane's own copies
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if (kFull || lane + 32 * u < nq) {
-          std::uintptr_t const sa = reinterpret_cast<std::uintptr_t>(scales0 + r0 * C + pso[u]);
-          v[u][0] = ecode[32 * u + lane];
-          sc[u][0] = (escale[32 * u + lane] >> (8 * (sa & 3u))) & 0xFFu;
-        }
-      }
-    } else {
+    for (int u = 0; u < kU; ++u) {
+      if (kFull || lane + 32 * u < nq) {
 #pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        if (kFull || lane + 32 * u < nq) {
-#pragma unroll
-          for (int n = 0; n < R; ++n) {
-            v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
-            sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
-          }
+        for (int n = 0; n < R; ++n) {
+          v[u][n] = ld_stream(data0 + rr[n] * rb + po[u]);
+          sc[u][n] = __ldg(scales0 + rr[n] * C + pso[u]);
         }
       }
     }
@@ -1948,8 +1926,6 @@ inline int moe_lane_rows() {
 // moe_down_lane_kernel's kOnce at Ling's shape (one row per warp, 192 chunks): on by default; LING_MOE_B_STAGE1=0 for
 // the three staging calls (A/B measurements).
 inline bool moe_down_stage_once() { return !env_off("LING_MOE_B_STAGE1"); }
-// LING_MOE_B_EARLY=1: moe_down_lane_kernel's kEarly at the same shape (opt-in until measured).
-inline bool moe_down_early() { return env_on("LING_MOE_B_EARLY"); }
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>
@@ -1968,7 +1944,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
         a.down.count * a.down.scale_stride >= (std::int64_t(1) << 32))
       return false;
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-    std::size_t smem = lane_smem_bytes(n_sh, nq);
+    std::size_t const smem = lane_smem_bytes(n_sh, nq);
     if (smem > std::size_t(smem_optin_bytes())) return false;
     // one block per SM, warps enough for one pass over the rows (R each), 4 to lane_max_warps(R)
     int const R = moe_lane_rows();
@@ -1985,14 +1961,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
-      std::size_t const es = smem + std::size_t(warps) * lane_early_bytes(6);
-      if (moe_down_early() && es <= std::size_t(smem_optin_bytes())) {
-        smem = es;
-        return go(moe_down_lane_kernel<KS, 6, true, 1, true, true>);
-      }
-      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
-    }
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
