@@ -1138,15 +1138,6 @@ __device__ __forceinline__ void routed_tile_lean(unsigned char const* base, int 
     }
   }
 }
-// The same out of line (LING_MOE_LEAN_A=2|3): its registers are allocated apart from the rest of launch A, whose
-// prologue (selection, copies) then compiles as in the default instance.
-template <int kNR>
-__device__ __noinline__ void routed_tile_lean_call(unsigned char const* base, int R, std::int64_t rb, int nr, int nblk, int L,
-                                                   int2 const* q, float const* sx, std::uint8_t const* gsc,
-                                                   std::uint8_t const* usc, std::uint32_t tab_lo, float* hrow, bool bad,
-                                                   float limit) {
-  routed_tile_lean<kNR>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, tab_lo, hrow, bad, limit);
-}
 
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
@@ -1156,9 +1147,10 @@ __device__ __noinline__ void routed_tile_lean_call(unsigned char const* base, in
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
-// kLean (LING_MOE_LEAN_A, 16 warps, default lookup; A/B measurements): the routed tiles by routed_tile_lean, two row
-// pairs per pass inline (1), out of line (2), one row pair per pass out of line (3).
-template <int kW, bool kBiased, int kDiag = 0, int kLean = 0>
+// kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; measurements): the routed tiles by routed_tile_lean<2>. Its decode
+// after the last tile landed took 4.6 instead of 5.5 µs, but its copies went out ~3 µs later after the selection, with
+// the same issue code (docs/kernels.md, session 22): 2.395 against 2.365 ms/token.
+template <int kW, bool kBiased, int kDiag = 0, bool kLean = false>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1268,7 +1260,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  if constexpr (kLean > 0) {
+  if constexpr (kLean) {
     if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
   } else {
     e2m1_tables_store(s_tab);
@@ -1276,7 +1268,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
-  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
+  if constexpr (kBiased || kLean) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1314,14 +1306,9 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      if constexpr (kLean > 0) {
+      if constexpr (kLean) {
         float* const hrow = h + std::int64_t(s) * inter + r0;
-        if constexpr (kLean == 1)
-          routed_tile_lean<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
-        else if constexpr (kLean == 2)
-          routed_tile_lean_call<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
-        else
-          routed_tile_lean_call<1>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
+        routed_tile_lean<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
       } else {
         for (int i0 = 0; i0 < nr; i0 += 32 / L) {
           int const i = i0 + sub;
@@ -1557,12 +1544,9 @@ inline int moe_diag_a() {
   char const* e = std::getenv("LING_MOE_DIAG_A");
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
 }
-// LING_MOE_LEAN_A=1|2|3: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; A/B
-// measurements).
-inline int moe_lean_a() {
-  char const* e = std::getenv("LING_MOE_LEAN_A");
-  return e && *e >= '1' && *e <= '3' ? *e - '0' : 0;
-}
+// LING_MOE_LEAN_A=1: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
+// slower in the model, docs/kernels.md, session 22).
+inline bool moe_lean_a() { return env_on("LING_MOE_LEAN_A"); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1707,10 +1691,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
-    if (int const lean = moe_lean_a(); lean > 0 && warps == 16 && !biased)
-      return lean == 1   ? go(moe_gate_up_stream_kernel<16, false, 0, 1>, 16)
-             : lean == 2 ? go(moe_gate_up_stream_kernel<16, false, 0, 2>, 16)
-                         : go(moe_gate_up_stream_kernel<16, false, 0, 3>, 16);
+    if (moe_lean_a() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
