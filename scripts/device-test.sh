@@ -90,12 +90,10 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary), two rounds: launch B's first row copied right after its staging's loads
-    # (LING_MOE_B_EARLY=1) and launch A's grid barrier with an acquire-release fence (LING_GRID_ACQREL=1), both written
-    # in session 21 and not yet measured (docs/performance.md, session 21's next step 1), against the default.
-    # LING_CTX0_VARIANTS overrides ("" for none): variants are separated by spaces, the settings of one variant by
-    # commas; "X=1" is the default run.
-    for v in ${LING_CTX0_VARIANTS-LING_MOE_B_EARLY=1 LING_GRID_ACQREL=1 X=1 LING_MOE_B_EARLY=1 LING_GRID_ACQREL=1 X=1}; do
+    # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS, e.g. "LING_MOE_LEAN_A=1 X=1 LING_MOE_LEAN_A=1 X=1"
+    # (none by default): variants are separated by spaces, the settings of one variant by commas; "X=1" is the
+    # default run.
+    for v in ${LING_CTX0_VARIANTS:-}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done

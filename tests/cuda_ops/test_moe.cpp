@@ -230,7 +230,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
   // 37 rows) at the same shapes
   setenv("LING_MOE_STREAM", "1", 1);
   for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_STREAM_STAGES=1", "LING_MOE_ROWS_A=2,1",
-                          "LING_MOE_ROWS_A=4,2", "LING_MOE_ROWS_A=6,3"}) {
+                          "LING_MOE_ROWS_A=4,2", "LING_MOE_ROWS_A=6,3", "LING_MOE_ALIGN_A=1"}) {
     std::string const kv(var);
     std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
     setenv(name.c_str(), value.c_str(), 1);
@@ -288,10 +288,11 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
 }
 
 // Launch A's lean decode (LING_MOE_LEAN_A=1: two row pairs per pass, the table word in a register, branch-free
-// scales) computes each row's sum in the default's order: h and the output equal the default's bit for bit. Ling's
+// scales) computes each row's sum in the default's order, and the ring buffers at 128-byte boundaries
+// (LING_MOE_ALIGN_A=1) move only where the tiles land: h and the output equal the default's bit for bit. Ling's
 // rows (80 chunks: 16 lanes per row), 12 chunks (32 lanes per row), tiles of 6 and 2 row pairs (a partial pass and
 // partial tiles at 160 rows), and an out-of-range id (its rows NaN).
-TEST_CASE("moe: launch A's lean decode gives the default's bits") {
+TEST_CASE("moe: launch A's lean decode and aligned ring give the default's bits") {
   LING_REQUIRE_GPU();
   setenv("LING_MOE_STREAM", "1", 1);
   setenv("LING_MOE_STREAM_WARPS_A", "16", 1);
@@ -308,14 +309,24 @@ TEST_CASE("moe: launch A's lean decode gives the default's bits") {
     auto const x = randn(static_cast<std::size_t>(sh.hidden), 3.f);
     for (std::vector<int> const& ids : {std::vector<int>{2, 7, 0, 1, 3, 4, 5, 11}, std::vector<int>{5, 1000, 9}}) {
       std::vector<float> const wts(ids.size(), 0.25f);
-      setenv("LING_MOE_LEAN_A", "0", 1);
       auto const [h0, o0] = run_moe(w, ids, wts, x);
-      setenv("LING_MOE_LEAN_A", "1", 1);
-      auto const [h1, o1] = run_moe(w, ids, wts, x);
-      REQUIRE(h0.size() == h1.size());
-      CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
-      CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
-      CHECK(std::count_if(h1.begin(), h1.end(), [](float v) { return std::isnan(v); }) == (ids[1] == 1000 ? sh.inter : 0));
+      // the biased lookup's integer sums equal the default's too (LING_MOE_Q8U=1)
+      for (char const* var : {"LING_MOE_LEAN_A", "LING_MOE_ALIGN_A", "LING_MOE_LEAN_A,LING_MOE_ALIGN_A",
+                              "LING_MOE_Q8U,LING_MOE_ALIGN_A"}) {
+        CAPTURE(var);
+        std::string vs(var);
+        for (std::size_t at = 0; at != std::string::npos;) {
+          std::size_t const comma = vs.find(',', at);
+          setenv(vs.substr(at, comma == std::string::npos ? comma : comma - at).c_str(), "1", 1);
+          at = comma == std::string::npos ? comma : comma + 1;
+        }
+        auto const [h1, o1] = run_moe(w, ids, wts, x);
+        for (char const* n : {"LING_MOE_LEAN_A", "LING_MOE_ALIGN_A", "LING_MOE_Q8U"}) unsetenv(n);
+        REQUIRE(h0.size() == h1.size());
+        CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
+        CHECK(std::count_if(h1.begin(), h1.end(), [](float v) { return std::isnan(v); }) == (ids[1] == 1000 ? sh.inter : 0));
+      }
     }
   }
   unsetenv("LING_MOE_LEAN_A");

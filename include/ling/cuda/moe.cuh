@@ -1061,6 +1061,8 @@ inline constexpr int kStreamRowsA = 4;
 inline constexpr int kStreamSharedRowsA = 2;
 inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all top_k experts' rows + the shared one)
 
+__host__ __device__ constexpr std::int64_t round128(std::int64_t n) { return (n + 127) / 128 * 128; }
+
 struct StreamPlan {
   int stages = 0, stage_bytes = 0, prologue_bytes = 0;  // per warp: stages buffers of stage_bytes
   int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
@@ -1150,7 +1152,12 @@ __device__ __forceinline__ void routed_tile_lean(unsigned char const* base, int 
 // kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; measurements): the routed tiles by routed_tile_lean<2>. Its decode
 // after the last tile landed took 4.6 instead of 5.5 µs, but its copies went out ~3 µs later after the selection, with
 // the same issue code (docs/kernels.md, session 22): 2.395 against 2.365 ms/token.
-template <int kW, bool kBiased, int kDiag = 0, bool kLean = false>
+// kAlign (LING_MOE_ALIGN_A=1, 16 warps; not yet measured): the ring buffers start at a 128-byte boundary of shared
+// memory (the launcher adds 128 bytes of slack) and the up rows' scale span too (round128 caps). Without it the ring
+// starts where the static shared memory ends: 64 bytes past a 128-byte boundary in the default instance (3 520 bytes of
+// static shared memory), 80 bytes past in the lean and biased-lookup instances (3 536: their table words are read,
+// so they are kept), where ncu counted twice the L2 sectors for the router rows' cp.async (session 22).
+template <int kW, bool kBiased, int kDiag = 0, bool kLean = false, bool kAlign = false>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1165,12 +1172,14 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // this warp's tiles: k = warp + m kW
-  unsigned char* const ring = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes +
-                              std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
+  unsigned char* ring0 = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes;
+  if constexpr (kAlign) ring0 += (0u - smem_u32(ring0)) & 127u;
+  unsigned char* const ring = ring0 + std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
   int const R = sp.rows, R2 = sp.srows, ncb = (cols + 127) >> 7;
   std::int64_t const rb = a.gate.ld, srb = a.has_shared ? a.sgate.ld : 0;  // bytes per row (uint8 storage)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
-  std::int64_t const scap = span16_cap(std::int64_t(R) * nblk), sscap = span16_cap(std::int64_t(ncb) * 4);
+  std::int64_t const scap = kAlign ? round128(span16_cap(std::int64_t(R) * nblk)) : span16_cap(std::int64_t(R) * nblk);
+  std::int64_t const sscap = kAlign ? round128(span16_cap(std::int64_t(ncb) * 4)) : span16_cap(std::int64_t(ncb) * 4);
   auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
@@ -1547,6 +1556,9 @@ inline int moe_diag_a() {
 // LING_MOE_LEAN_A=1: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
 // slower in the model, docs/kernels.md, session 22).
 inline bool moe_lean_a() { return env_on("LING_MOE_LEAN_A"); }
+// LING_MOE_ALIGN_A=1: launch A's streamed kernel (16 warps) with its ring buffers at 128-byte boundaries (kAlign; with
+// LING_MOE_LEAN_A=1 or LING_MOE_Q8U=1 too; A/B measurements, not yet measured).
+inline bool moe_align_a() { return env_on("LING_MOE_ALIGN_A"); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1567,7 +1579,6 @@ inline int smem_optin_bytes() {
   }();
   return v;
 }
-__host__ __device__ constexpr std::int64_t round128(std::int64_t n) { return (n + 127) / 128 * 128; }
 inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {
   return ((reinterpret_cast<std::uintptr_t>(p) | std::uintptr_t(a) | std::uintptr_t(b)) & 15) == 0;
 }
@@ -1578,7 +1589,7 @@ inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {
 // fits: the caller then runs the register-streaming kernels.
 template <class Kernel>
 bool stream_plan(Kernel kernel, int warps, StreamPlan& sp, std::int64_t prologue, std::int64_t stage_bytes, std::size_t& smem,
-                 int& blocks, cudaError_t& err) {
+                 int& blocks, cudaError_t& err, int slack = 0) {
   if (sp.tiles <= 0) return false;
   cudaFuncAttributes fa{};
   if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) return false;
@@ -1589,14 +1600,14 @@ bool stream_plan(Kernel kernel, int warps, StreamPlan& sp, std::int64_t prologue
   sp.stage_bytes = int(round128(stage_bytes));
   std::int64_t limit = smem_optin_bytes();  // per block; with 2 per SM, half the SM's (1 KB of each is reserved)
   if (per_sm > 1 && std::int64_t(smem_per_sm_bytes()) / per_sm - 1024 < limit) limit = smem_per_sm_bytes() / per_sm - 1024;
-  std::int64_t const avail = limit - std::int64_t(fa.sharedSizeBytes) - sp.prologue_bytes;
+  std::int64_t const avail = limit - std::int64_t(fa.sharedSizeBytes) - sp.prologue_bytes - slack;
   std::int64_t st = avail / (std::int64_t(warps) * sp.stage_bytes);
   if (st > kStreamMaxStages) st = kStreamMaxStages;
   if (st > per_warp) st = per_warp;
   if (st > moe_stream_stage_cap()) st = moe_stream_stage_cap();
   if (st < 1) return false;
   sp.stages = int(st);
-  smem = std::size_t(sp.prologue_bytes) + std::size_t(warps) * std::size_t(sp.stages) * std::size_t(sp.stage_bytes);
+  smem = std::size_t(sp.prologue_bytes) + std::size_t(slack) + std::size_t(warps) * std::size_t(sp.stages) * std::size_t(sp.stage_bytes);
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   return true;
 }
@@ -1669,17 +1680,18 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t const cols = a.gate.cols, nblk = cols / 32, ncb = (cols + 127) / 128;
     std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;
     std::int64_t const prologue = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots(int(nblk), a.route)) * 8 + nblk * 4;
-    std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * span16_cap(sp.rows * nblk);
-    std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * span16_cap(ncb * 4) : 0;
+    // scale spans rounded to 128 bytes (kAlign's layout; within the 128-byte rounding of the stage at Ling's shapes)
+    std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * round128(span16_cap(sp.rows * nblk));
+    std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * round128(span16_cap(ncb * 4)) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
-    auto go = [&](auto kernel, int w) {
+    auto go = [&](auto kernel, int w, int slack = 0) {
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
-      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err)) return false;
+      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err, slack)) return false;
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
       if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
@@ -1691,6 +1703,11 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
+    if (moe_align_a() && warps == 16) {
+      if (biased) return go(moe_gate_up_stream_kernel<16, true, 0, false, true>, 16, 128);
+      return moe_lean_a() ? go(moe_gate_up_stream_kernel<16, false, 0, true, true>, 16, 128)
+                          : go(moe_gate_up_stream_kernel<16, false, 0, false, true>, 16, 128);
+    }
     if (moe_lean_a() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
