@@ -564,16 +564,18 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   });
   check_launch("mla_prepare");
   bool const q16 = reinterpret_cast<std::uintptr_t>(a.q_hat) % 16 == 0;
-  bool const mma = a.kernel == 2 || (a.kernel == 0 && mla_mma_supported(a.d) && q16);
+  bool const mma = a.kernel == 2 || a.kernel == 3 || (a.kernel == 0 && mla_mma_supported(a.d) && q16);
   require(!mma || mla_mma_supported(a.d), ErrorCode::kUnsupported,
           "mla decode: the tensor-core kernel needs 32 heads, kv_lora_rank 512 and qk_rope_head_dim a multiple of 16 up to 64");
   require(!mma || q16, ErrorCode::kInvalidArgument, "mla decode: the tensor-core kernel needs q_hat 16-byte aligned");
   MlaDecodeArgs b = a;  // the split size the attention and the combine agree on
   b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
   if (mma) {
-    std::size_t smem = mla_mma_smem(a.d);
-    ops::allow_smem(mla_attend_mma_kernel, smem);
-    ops::launch(mla_attend_mma_kernel, unsigned(a.splits), 256, smem, st, b);
+    std::size_t smem = mla_mma_smem(a.d);  // the padded tiles' size: an upper bound for the swizzled ones
+    bool const swz = a.kernel == 3 && a.d.latent() % 64 == 0;  // the swizzled tiles (else the padded ones)
+    auto kernel = swz ? mla_attend_mma_kernel<true> : mla_attend_mma_kernel<false>;
+    ops::allow_smem(kernel, smem);
+    ops::launch(kernel, unsigned(a.splits), 256, smem, st, b);
   } else {
     int const hpt = mla_heads_per_thread(a.d);
     int threads = (a.d.rank / 4) * (a.d.heads / hpt);

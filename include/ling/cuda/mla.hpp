@@ -37,7 +37,8 @@ struct MlaDecodeArgs {
   float* part_o = nullptr;    // [splits, H, r]
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
-  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores
+  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores,
+                              // 3 tensor cores with swizzled cache tiles (latent a multiple of 64, else as 2)
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
 };
 

@@ -90,16 +90,24 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
 //  - runs the score k-steps without a predicate (and its WARPSYNC per MMA) when the latent fills the 4 quarters;
 //  - rounds Q̂ (once per block) and P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE; a NaN
 //    stays a NaN, in the canonical pattern).
+// kSwz (MlaDecodeArgs::kernel 3, LING_MLA_KERNEL=3 in the model; latent a multiple of 64; not yet measured): the cache tiles
+// in rows of exactly L values, 16-byte chunk c of row t stored at chunk c ^ (t mod 8), instead of rows padded to L + 8
+// values. The padding keeps ldmatrix free of bank conflicts but starts every odd row 16 bytes past a 32-byte boundary,
+// so half of the tile copies (16-byte cp.async) straddle sectors; the XOR keeps the ldmatrix reads conflict-free (eight
+// rows of one chunk column land in eight different 16-byte bank groups) with every row 128-byte aligned. Launch A's
+// router-row copies made twice the L2 sectors at such an offset (ncu, docs/kernels.md, session 22).
+template <bool kSwz>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
   int const L = a.d.latent(), Lp = L + 8, r = a.d.rank, KS = L / 16;
+  int const Lc = kSwz ? L : Lp;  // the cache tiles' row pitch (values)
   constexpr int H = kMmaHeads, T = kMmaTile, NS = kMlaStages, Sp = kMlaSp, Pp = T + 8, KQ = kMlaKq;
   int const qbytes = mla_mma_q_bytes(Lp);
   std::uint16_t* Qb = reinterpret_cast<std::uint16_t*>(smraw);         // [H][Lp] bf16, until the fragments are loaded
   float* Sf = reinterpret_cast<float*>(smraw);                          // then [4 quarters][H][Sp] partial scores
-  std::uint16_t* Cb = reinterpret_cast<std::uint16_t*>(smraw + qbytes);  // [NS][T][Lp] bf16
-  std::uint16_t* Pb = Cb + NS * T * Lp;                                 // [H][Pp] probabilities, bf16
+  std::uint16_t* Cb = reinterpret_cast<std::uint16_t*>(smraw + qbytes);  // [NS][T][Lc] bf16
+  std::uint16_t* Pb = Cb + NS * T * Lc;                                 // [H][Pp] probabilities, bf16
   float* alpha = reinterpret_cast<float*>(Pb + H * Pp);                // [H] this tile's rescale factors
   int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
   ops::pdl_trigger();
@@ -118,10 +126,10 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
 #pragma unroll
   for (int k = 0; k < kMlaCopies; ++k) {
     int const i = tid + 256 * k, row = i / vec, v = i - row * vec;
-    soff[k] = i < T * vec ? row * Lp + v * 8 : -1;
+    soff[k] = i < T * vec ? row * Lc + (kSwz ? v ^ (row & 7) : v) * 8 : -1;
   }
   auto load_tile = [&](int it) {  // uncommitted
-    std::uint16_t* dst = Cb + (it % NS) * T * Lp;
+    std::uint16_t* dst = Cb + (it % NS) * T * Lc;
     std::int64_t const t0 = begin + std::int64_t(it) * T;
     if (t0 + T <= end) {  // a whole tile (all but possibly a split's last)
       std::uint16_t const* src = a.cache + t0 * L + 8 * tid;
@@ -133,7 +141,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     for (int i = tid; i < T * vec; i += 256) {
       int const row = i / vec, v = i - row * vec;
       std::int64_t const t = t0 + row < end ? t0 + row : end - 1;  // rows past the split: a valid row, masked by p = 0
-      cp_async16(smem_u32(dst + row * Lp + v * 8), a.cache + t * L + v * 8);
+      cp_async16(smem_u32(dst + row * Lc + (kSwz ? v ^ (row & 7) : v) * 8), a.cache + t * L + v * 8);
     }
   };
 #pragma unroll
@@ -180,7 +188,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   int const sh = warp * 4 + (lane >> 3), sj = (lane & 7) * 4;
   float m_run = -INFINITY, l_run = 0.f;
   float acc[2][8][4] = {};
-  auto tile_of = [&](int it) { return static_cast<std::uint16_t const*>(Cb + (it % NS) * T * Lp); };
+  auto tile_of = [&](int it) { return static_cast<std::uint16_t const*>(Cb + (it % NS) * T * Lc); };
   auto tile_len = [&](int it) {
     std::int64_t const t0 = begin + std::int64_t(it) * T;
     return int(end - t0 < T ? end - t0 : T);
@@ -190,10 +198,15 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     std::uint16_t const* Cc = tile_of(it);
     float c[2][2][4] = {};
     // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
-    unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
+    // kSwz: the row's position mod 8 is lane & 7, chunk 2 ks + (lane >> 3 & 1) sits at that XOR lane & 7
+    unsigned const ca = kSwz ? smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lc)
+                             : smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
     auto kstep = [&](int k) {
       unsigned b[4];
-      ldsm_x4(ca + 32u * unsigned(kq * KQ + k), b);
+      if constexpr (kSwz)
+        ldsm_x4(ca + 16u * unsigned((2 * (kq * KQ + k) + ((lane >> 3) & 1)) ^ (lane & 7)), b);
+      else
+        ldsm_x4(ca + 32u * unsigned(kq * KQ + k), b);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
         mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
@@ -274,7 +287,10 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         unsigned b0, b1;
-        ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
+        if constexpr (kSwz)
+          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lc + (warp * 8 + (j ^ (lane & 7))) * 8), b0, b1);
+        else
+          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
         mma_bf16(acc[0][j], af[0], b0, b1);
         mma_bf16(acc[1][j], af[1], b0, b1);
       }

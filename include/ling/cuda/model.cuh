@@ -697,7 +697,8 @@ class CudaModel {
   }
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
-  //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one;
+  //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one, =3 the tensor-core one with swizzled
+  //  cache tiles (A/B measurements);
   //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size).
   struct MlaEnv {
     int kernel = 0, min_chunk = 0;
