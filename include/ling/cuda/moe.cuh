@@ -264,37 +264,14 @@ __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, in
   }
 }
 
-// Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1.
-template <int NR>
-__device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
-                                         int (&bp)[NR], int (&bn)[NR]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7 = limb groups 2i (low half) and 2i + 1
-    int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
-#pragma unroll
-    for (int n = 0; n < NR; ++n) {
-      std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
-      int const p0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w)), m0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw));
-      int const p1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw >> 16));
-      ap[n] = __dp4a(p0, xl.x, ap[n]);
-      an[n] = __dp4a(m0, xl.x, an[n]);
-      bp[n] = __dp4a(p0, xl.y, bp[n]);
-      bn[n] = __dp4a(m0, xl.y, bn[n]);
-      ap[n] = __dp4a(p1, xh.x, ap[n]);
-      an[n] = __dp4a(m1, xh.x, an[n]);
-      bp[n] = __dp4a(p1, xh.y, bp[n]);
-      bn[n] = __dp4a(m1, xh.y, bn[n]);
-    }
-  }
-}
-
-// q8_chunk with the table's low word in a register (tab_lo = kE2m1TabLo, loaded so that the compiler cannot rebuild it
-// as an immediate before every PRMT; launch A's lean decode, LING_MOE_LEAN_A): the same sums.
+// Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1. tab_lo is
+// the table's low word kE2m1TabLo: q8_chunk passes the constant; launch A's lean decode (LING_MOE_LEAN_A) passes it
+// loaded from shared memory, so that the compiler cannot rebuild it as an immediate before every PRMT.
 template <int NR>
 __device__ __forceinline__ void q8_chunk_tab(uint4 const (&v)[NR], int2 const* xq, std::uint32_t tab_lo, int (&ap)[NR],
                                              int (&an)[NR], int (&bp)[NR], int (&bn)[NR]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7 = limb groups 2i (low half) and 2i + 1
     int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
@@ -311,6 +288,12 @@ __device__ __forceinline__ void q8_chunk_tab(uint4 const (&v)[NR], int2 const* x
       bn[n] = __dp4a(m1, xh.y, bn[n]);
     }
   }
+}
+
+template <int NR>
+__device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
+                                         int (&bp)[NR], int (&bn)[NR]) {
+  q8_chunk_tab<NR>(v, xq, kE2m1TabLo, ap, an, bp, bn);
 }
 
 // Biased lookup (launch A's streamed kernel and launch B's lane kernel): u = 2 E2M1 + 12 ∈ [0, 24], one PRMT pair
