@@ -90,17 +90,33 @@ if [ $BENCH = 1 ]; then
   done
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
-    # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS, e.g. "LING_MOE_LEAN_A=1 X=1 LING_MOE_LEAN_A=1 X=1"
-    # (none by default): variants are separated by spaces, the settings of one variant by commas; "X=1" is the
-    # default run.
-    for v in ${LING_CTX0_VARIANTS:-}; do
+    # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS ("" for none): variants are separated by spaces, the
+    # settings of one variant by commas; "X=1" is the default run. By default session 22's next step 1: launch A's ring
+    # at 128-byte boundaries, alone, with the lean decode and with the biased lookup (docs/performance.md).
+    A1="LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_Q8U=1 X=1"
+    for v in ${LING_CTX0_VARIANTS-$A1 $A1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
     done
-    # A/B at the long contexts, in the same format (none by default)
-    for v in ${LING_LONG_VARIANTS:-}; do
+    # A/B at the long contexts, in the same format; by default the MLA attention's swizzled cache tiles
+    # (LING_MLA_KERNEL=3, session 22's next step 2)
+    for v in ${LING_LONG_VARIANTS-LING_MLA_KERNEL=3 X=1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights \
           --contexts 4096,32768,131072 --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
+    done
+    # step timelines of launch A (LING_TRACE_VARIANTS, same format; each with LING_TRACE_MOEA=5, the copies issued, and
+    # =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
+    TV=${LING_TRACE_VARIANTS-X=1 LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1}
+    [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
+last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
+    for v in $TV; do
+      for m in 5 4; do
+        env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $BUILD/examples/ling bench --spec ling3-flash \
+          --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
+        echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E 'kda:moeA')" \
+          >>"$OUT/ling-bench.md"
+        rm -f "$OUT/trace.csv"
+      done
     done
   fi
 fi
@@ -108,6 +124,6 @@ fi
 rm -f "$OUT/configure.log" "$OUT/gpu.txt"  # the device tool returns at most 8 files
 echo; echo "==== logs in \$OUT: $(ls "$OUT" | tr '\n' ' ')"
 for f in "$OUT"/gpu-tests.log; do grep -E "Passed|Failed|\*\*\*|Skipped" "$f" | tail -40; done
-[ -f "$OUT/ling-bench.md" ] && grep -E "^\||^#|streaming-read|agreement" "$OUT/ling-bench.md"
+[ -f "$OUT/ling-bench.md" ] && grep -E "^\||^#|streaming-read|agreement|^trace" "$OUT/ling-bench.md"
 echo; echo "| step | result |"; echo "|---|---|"
 for s in "${SUMMARY[@]}"; do echo "| ${s%%:*} | ${s#*:} |"; done

@@ -227,7 +227,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
   // launch A's streamed kernel on the biased lookup (q8u_chunk; LING_MOE_Q8U=1), with one ring stage per warp
   // (LING_MOE_STREAM_STAGES=1; at these shapes a warp has at most one tile, buffer refills are the next block's), and
   // with tiles of 2, 4 and 6 routed and 1, 2 and 3 shared row pairs (LING_MOE_ROWS_A: partial last tiles at 160 and
-  // 37 rows) at the same shapes
+  // 37 rows), and with the ring buffers at 128-byte boundaries (LING_MOE_ALIGN_A=1, 16 warps) at the same shapes
   setenv("LING_MOE_STREAM", "1", 1);
   for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_STREAM_STAGES=1", "LING_MOE_ROWS_A=2,1",
                           "LING_MOE_ROWS_A=4,2", "LING_MOE_ROWS_A=6,3", "LING_MOE_ALIGN_A=1"}) {
@@ -235,6 +235,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
     std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
     setenv(name.c_str(), value.c_str(), 1);
     for (char const* warps : {"8", "16"}) {
+      if (name == "LING_MOE_ALIGN_A" && std::string(warps) == "8") continue;  // 16 warps only
       CAPTURE(var);
       CAPTURE(warps);
       setenv("LING_MOE_STREAM_WARPS", warps, 1);
