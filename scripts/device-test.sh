@@ -92,8 +92,8 @@ if [ $BENCH = 1 ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
     # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS ("" for none): variants are separated by spaces, the
     # settings of one variant by commas; "X=1" is the default run. By default session 22's next step 1: launch A's ring
-    # at 128-byte boundaries, alone, with the lean decode and with the biased lookup (docs/performance.md).
-    A1="LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_Q8U=1 X=1"
+    # at 128-byte boundaries, alone, with the lean decodes and with the biased lookup (docs/performance.md).
+    A1="LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=2 LING_MOE_ALIGN_A=1,LING_MOE_Q8U=1 X=1"
     for v in ${LING_CTX0_VARIANTS-$A1 $A1}; do
       { echo; echo "### $v"; env ${v//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 3; } \
         >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($v): rc=$?"
@@ -106,7 +106,7 @@ if [ $BENCH = 1 ]; then
     done
     # step timelines of launch A (LING_TRACE_VARIANTS, same format; each with LING_TRACE_MOEA=5, the copies issued, and
     # =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
-    TV=${LING_TRACE_VARIANTS-X=1 LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1}
+    TV=${LING_TRACE_VARIANTS-X=1 LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=2}
     [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
 last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
     for v in $TV; do

@@ -289,7 +289,7 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
 }
 
 // Launch A's lean decode (LING_MOE_LEAN_A=1: two row pairs per pass, the table word in a register, branch-free
-// scales) computes each row's sum in the default's order, and the ring buffers at 128-byte boundaries
+// scales; =2: one row pair per pass) computes each row's sum in the default's order, and the ring buffers at 128-byte boundaries
 // (LING_MOE_ALIGN_A=1) move only where the tiles land: h and the output equal the default's bit for bit. Ling's
 // rows (80 chunks: 16 lanes per row), 12 chunks (32 lanes per row), tiles of 6 and 2 row pairs (a partial pass and
 // partial tiles at 160 rows), and an out-of-range id (its rows NaN).
@@ -312,13 +312,14 @@ TEST_CASE("moe: launch A's lean decode and aligned ring give the default's bits"
       std::vector<float> const wts(ids.size(), 0.25f);
       auto const [h0, o0] = run_moe(w, ids, wts, x);
       // the biased lookup's integer sums equal the default's too (LING_MOE_Q8U=1)
-      for (char const* var : {"LING_MOE_LEAN_A", "LING_MOE_ALIGN_A", "LING_MOE_LEAN_A,LING_MOE_ALIGN_A",
-                              "LING_MOE_Q8U,LING_MOE_ALIGN_A"}) {
+      for (char const* var : {"LING_MOE_LEAN_A=1", "LING_MOE_ALIGN_A=1", "LING_MOE_LEAN_A=1,LING_MOE_ALIGN_A=1",
+                              "LING_MOE_LEAN_A=2,LING_MOE_ALIGN_A=1", "LING_MOE_Q8U=1,LING_MOE_ALIGN_A=1"}) {
         CAPTURE(var);
-        std::string vs(var);
-        for (std::size_t at = 0; at != std::string::npos;) {
+        std::string const vs(var);
+        for (std::size_t at = 0; at != std::string::npos;) {  // NAME=VALUE settings, comma-separated
           std::size_t const comma = vs.find(',', at);
-          setenv(vs.substr(at, comma == std::string::npos ? comma : comma - at).c_str(), "1", 1);
+          std::string const kv = vs.substr(at, comma == std::string::npos ? comma : comma - at);
+          setenv(kv.substr(0, kv.find('=')).c_str(), kv.substr(kv.find('=') + 1).c_str(), 1);
           at = comma == std::string::npos ? comma : comma + 1;
         }
         auto const [h1, o1] = run_moe(w, ids, wts, x);

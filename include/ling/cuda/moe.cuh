@@ -1134,13 +1134,16 @@ __device__ __forceinline__ void routed_tile_lean(unsigned char const* base, int 
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
 // kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; measurements): the routed tiles by routed_tile_lean<2>. Its decode
 // after the last tile landed took 4.6 instead of 5.5 µs, but its copies went out ~3 µs later after the selection, with
-// the same issue code (docs/kernels.md, session 22): 2.395 against 2.365 ms/token.
+// the same issue code (docs/kernels.md, session 22): 2.395 against 2.365 ms/token. kLean = 2 (LING_MOE_LEAN_A=2, not
+// yet measured): routed_tile_lean<1>, one row pair per pass as the default loop, with the table word in a register
+// and branch-free scales (a loop body the size of the default's less the table rebuilds: ncu showed instruction-fetch
+// stalls every 48 instructions of the default loop, and more in kLean = 1's longer body).
 // kAlign (LING_MOE_ALIGN_A=1, 16 warps; not yet measured): the ring buffers start at a 128-byte boundary of shared
 // memory (the launcher adds 128 bytes of slack) and the up rows' scale span too (round128 caps). Without it the ring
 // starts where the static shared memory ends: 64 bytes past a 128-byte boundary in the default instance (3 520 bytes of
 // static shared memory), 80 bytes past in the lean and biased-lookup instances (3 536: their table words are read,
 // so they are kept), where ncu counted twice the L2 sectors for the router rows' cp.async (session 22).
-template <int kW, bool kBiased, int kDiag = 0, bool kLean = false, bool kAlign = false>
+template <int kW, bool kBiased, int kDiag = 0, int kLean = 0, bool kAlign = false>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1252,7 +1255,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  if constexpr (kLean) {
+  if constexpr (kLean > 0) {
     if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
   } else {
     e2m1_tables_store(s_tab);
@@ -1260,7 +1263,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
-  if constexpr (kBiased || kLean) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
+  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1298,9 +1301,9 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      if constexpr (kLean) {
+      if constexpr (kLean > 0) {
         float* const hrow = h + std::int64_t(s) * inter + r0;
-        routed_tile_lean<2>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
+        routed_tile_lean<kLean == 1 ? 2 : 1>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
       } else {
         for (int i0 = 0; i0 < nr; i0 += 32 / L) {
           int const i = i0 + sub;
@@ -1536,9 +1539,12 @@ inline int moe_diag_a() {
   char const* e = std::getenv("LING_MOE_DIAG_A");
   return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
 }
-// LING_MOE_LEAN_A=1: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
-// slower in the model, docs/kernels.md, session 22).
-inline bool moe_lean_a() { return env_on("LING_MOE_LEAN_A"); }
+// LING_MOE_LEAN_A=1|2: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
+// =1 slower in the model, docs/kernels.md, session 22).
+inline int moe_lean_a() {
+  char const* e = std::getenv("LING_MOE_LEAN_A");
+  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
+}
 // LING_MOE_ALIGN_A=1: launch A's streamed kernel (16 warps) with its ring buffers at 128-byte boundaries (kAlign; with
 // LING_MOE_LEAN_A=1 or LING_MOE_Q8U=1 too; A/B measurements, not yet measured).
 inline bool moe_align_a() { return env_on("LING_MOE_ALIGN_A"); }
@@ -1688,10 +1694,12 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
     if (moe_align_a() && warps == 16) {
       if (biased) return go(moe_gate_up_stream_kernel<16, true, 0, false, true>, 16, 128);
-      return moe_lean_a() ? go(moe_gate_up_stream_kernel<16, false, 0, true, true>, 16, 128)
-                          : go(moe_gate_up_stream_kernel<16, false, 0, false, true>, 16, 128);
+      int const lean = moe_lean_a();
+      return lean == 1   ? go(moe_gate_up_stream_kernel<16, false, 0, 1, true>, 16, 128)
+             : lean == 2 ? go(moe_gate_up_stream_kernel<16, false, 0, 2, true>, 16, 128)
+                         : go(moe_gate_up_stream_kernel<16, false, 0, 0, true>, 16, 128);
     }
-    if (moe_lean_a() && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, true>, 16);
+    if (moe_lean_a() == 1 && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, 1>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
