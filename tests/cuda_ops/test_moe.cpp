@@ -161,6 +161,23 @@ cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> random_mxfp4_experts(std::int64_
   return w;
 }
 
+// Sets the NAME=VALUE settings of `settings` (separated by ';'; a value may hold commas) in the environment; returns
+// their names, for unset_env.
+std::vector<std::string> set_env(std::string const& settings) {
+  std::vector<std::string> names;
+  for (std::size_t at = 0; at <= settings.size();) {
+    std::size_t const end = std::min(settings.find(';', at), settings.size());
+    std::string const kv = settings.substr(at, end - at);
+    names.push_back(kv.substr(0, kv.find('=')));
+    setenv(names.back().c_str(), kv.substr(kv.find('=') + 1).c_str(), 1);
+    at = end + 1;
+  }
+  return names;
+}
+void unset_env(std::vector<std::string> const& names) {
+  for (auto const& n : names) unsetenv(n.c_str());
+}
+
 // One MoE step (both launches, no residual) on ids / weights / x; returns h and the output.
 std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> const& w,
                                                           std::vector<int> const& ids, std::vector<float> const& wts,
@@ -231,11 +248,9 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
   setenv("LING_MOE_STREAM", "1", 1);
   for (char const* var : {"LING_MOE_Q8U=1", "LING_MOE_STREAM_STAGES=1", "LING_MOE_ROWS_A=2,1",
                           "LING_MOE_ROWS_A=4,2", "LING_MOE_ROWS_A=6,3", "LING_MOE_ALIGN_A=1"}) {
-    std::string const kv(var);
-    std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
-    setenv(name.c_str(), value.c_str(), 1);
+    auto const names = set_env(var);
     for (char const* warps : {"8", "16"}) {
-      if (name == "LING_MOE_ALIGN_A" && std::string(warps) == "8") continue;  // 16 warps only
+      if (names[0] == "LING_MOE_ALIGN_A" && std::string(warps) == "8") continue;  // 16 warps only
       CAPTURE(var);
       CAPTURE(warps);
       setenv("LING_MOE_STREAM_WARPS", warps, 1);
@@ -244,7 +259,7 @@ TEST_CASE("moe: streamed kernels at odd shapes, 2 × 8, 1 × 16 and 1 × 20 warp
       check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
       check_moe<quant::Mxfp4, quant::Fp8Block>(128, 32, 0, 4, 2, 0.f, 0.f);
     }
-    unsetenv(name.c_str());
+    unset_env(names);
   }
   // more tiles than warps (2 routed row pairs per tile: 3 840 tiles at Ling's shapes on 132 × 16 warps; 2 per tile of
   // 4 096 rows at the last shape): a warp decodes a tile and refills its buffer, each buffer's barrier in its second
@@ -273,9 +288,7 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
   LING_REQUIRE_GPU();
   for (char const* var : {"LING_MOE_B_STAGE1=1", "LING_MOE_B_STAGE1=0"}) {
     CAPTURE(var);
-    std::string const kv(var);
-    std::string const name = kv.substr(0, kv.find('=')), value = kv.substr(kv.find('=') + 1);
-    setenv(name.c_str(), value.c_str(), 1);
+    auto const names = set_env(var);
     check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
     check_moe<quant::Mxfp4, quant::Fp8Block>(512, 384, 0, 20, 16, 0.f, 0.f);
     check_moe<quant::Mxfp4, quant::Fp8Block>(4096, 768, 256, 10, 8, 4.0f, 5.0f);
@@ -284,7 +297,7 @@ TEST_CASE("moe: launch B's lane kernel with its staging in one batch of loads") 
     auto const [h, o] = run_moe(w, {2, 1000, 0, 1, 3, 4, 5, 6}, std::vector<float>(8, 0.125f),
                                 randn(static_cast<std::size_t>(hidden)));
     CHECK(std::none_of(o.begin(), o.end(), [](float v) { return std::isfinite(v); }));
-    unsetenv(name.c_str());
+    unset_env(names);
   }
 }
 
@@ -312,18 +325,12 @@ TEST_CASE("moe: launch A's lean decode and aligned ring give the default's bits"
       std::vector<float> const wts(ids.size(), 0.25f);
       auto const [h0, o0] = run_moe(w, ids, wts, x);
       // the biased lookup's integer sums equal the default's too (LING_MOE_Q8U=1)
-      for (char const* var : {"LING_MOE_LEAN_A=1", "LING_MOE_ALIGN_A=1", "LING_MOE_LEAN_A=1,LING_MOE_ALIGN_A=1",
-                              "LING_MOE_LEAN_A=2,LING_MOE_ALIGN_A=1", "LING_MOE_Q8U=1,LING_MOE_ALIGN_A=1"}) {
+      for (char const* var : {"LING_MOE_LEAN_A=1", "LING_MOE_ALIGN_A=1", "LING_MOE_LEAN_A=1;LING_MOE_ALIGN_A=1",
+                              "LING_MOE_LEAN_A=2;LING_MOE_ALIGN_A=1", "LING_MOE_Q8U=1;LING_MOE_ALIGN_A=1"}) {
         CAPTURE(var);
-        std::string const vs(var);
-        for (std::size_t at = 0; at != std::string::npos;) {  // NAME=VALUE settings, comma-separated
-          std::size_t const comma = vs.find(',', at);
-          std::string const kv = vs.substr(at, comma == std::string::npos ? comma : comma - at);
-          setenv(kv.substr(0, kv.find('=')).c_str(), kv.substr(kv.find('=') + 1).c_str(), 1);
-          at = comma == std::string::npos ? comma : comma + 1;
-        }
+        auto const names = set_env(var);
         auto const [h1, o1] = run_moe(w, ids, wts, x);
-        for (char const* n : {"LING_MOE_LEAN_A", "LING_MOE_ALIGN_A", "LING_MOE_Q8U"}) unsetenv(n);
+        unset_env(names);
         REQUIRE(h0.size() == h1.size());
         CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
@@ -331,7 +338,6 @@ TEST_CASE("moe: launch A's lean decode and aligned ring give the default's bits"
       }
     }
   }
-  unsetenv("LING_MOE_LEAN_A");
   unsetenv("LING_MOE_ROWS_A");
   unsetenv("LING_MOE_STREAM");
   unsetenv("LING_MOE_STREAM_WARPS_A");

@@ -198,13 +198,13 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     std::uint16_t const* Cc = tile_of(it);
     float c[2][2][4] = {};
     // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
-    // kSwz: the row's position mod 8 is lane & 7, chunk 2 ks + (lane >> 3 & 1) sits at that XOR lane & 7
-    unsigned const ca = kSwz ? smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lc)
-                             : smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lp + ((lane >> 3) & 1) * 8);
+    // kSwz: the row's position mod 8 is lane & 7, and chunk 2 ks + hb sits at that XOR lane & 7
+    int const hb = (lane >> 3) & 1;
+    unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lc + (kSwz ? 0 : hb * 8));
     auto kstep = [&](int k) {
       unsigned b[4];
       if constexpr (kSwz)
-        ldsm_x4(ca + 16u * unsigned((2 * (kq * KQ + k) + ((lane >> 3) & 1)) ^ (lane & 7)), b);
+        ldsm_x4(ca + 16u * unsigned((2 * (kq * KQ + k) + hb) ^ (lane & 7)), b);
       else
         ldsm_x4(ca + 32u * unsigned(kq * KQ + k), b);
 #pragma unroll
@@ -287,10 +287,7 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         unsigned b0, b1;
-        if constexpr (kSwz)
-          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lc + (warp * 8 + (j ^ (lane & 7))) * 8), b0, b1);
-        else
-          ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lp + (warp * 8 + j) * 8), b0, b1);
+        ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lc + (warp * 8 + (kSwz ? j ^ (lane & 7) : j)) * 8), b0, b1);
         mma_bf16(acc[0][j], af[0], b0, b1);
         mma_bf16(acc[1][j], af[1], b0, b1);
       }

@@ -1164,8 +1164,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const R = sp.rows, R2 = sp.srows, ncb = (cols + 127) >> 7;
   std::int64_t const rb = a.gate.ld, srb = a.has_shared ? a.sgate.ld : 0;  // bytes per row (uint8 storage)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
-  std::int64_t const scap = kAlign ? round128(span16_cap(std::int64_t(R) * nblk)) : span16_cap(std::int64_t(R) * nblk);
-  std::int64_t const sscap = kAlign ? round128(span16_cap(std::int64_t(ncb) * 4)) : span16_cap(std::int64_t(ncb) * 4);
+  auto cap = [](std::int64_t n) { return kAlign ? round128(span16_cap(n)) : span16_cap(n); };  // a scale span's room
+  std::int64_t const scap = cap(std::int64_t(R) * nblk), sscap = cap(std::int64_t(ncb) * 4);
   auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
@@ -1535,16 +1535,10 @@ inline int moe_stream_stage_cap() {
 // LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, q8_chunk; other
 // settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
 // step 1.
-inline int moe_diag_a() {
-  char const* e = std::getenv("LING_MOE_DIAG_A");
-  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
-}
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 2); }
 // LING_MOE_LEAN_A=1|2: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
-// =1 slower in the model, docs/kernels.md, session 22).
-inline int moe_lean_a() {
-  char const* e = std::getenv("LING_MOE_LEAN_A");
-  return e && (*e == '1' || *e == '2') ? *e - '0' : 0;
-}
+// =1 slower in the model, docs/kernels.md, session 22; =2 only with LING_MOE_ALIGN_A=1).
+inline int moe_lean_a() { return env_level("LING_MOE_LEAN_A", 2); }
 // LING_MOE_ALIGN_A=1: launch A's streamed kernel (16 warps) with its ring buffers at 128-byte boundaries (kAlign; with
 // LING_MOE_LEAN_A=1 or LING_MOE_Q8U=1 too; A/B measurements, not yet measured).
 inline bool moe_align_a() { return env_on("LING_MOE_ALIGN_A"); }
@@ -1818,16 +1812,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   }
   pdl_wait();
   trace_mark(a.trace_b, 1);
-  // chunk u of this lane (the concatenation's chunk qq): byte offsets of its 16 bytes of row 0 from data0 (the first
-  // expert's data) and of its scale byte from scales0 (32 bits: the launcher checks the expert tensors are < 4 GB); a bad id
-  // (null slot) reads expert 0, and its routing weight is NaN
-  auto lane_offsets = [&](int u, char const* data0, std::uint8_t const* scales0, std::uint32_t& o, std::uint32_t& so) {
-    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
-    int const s = qq / C, j = qq - s * C;
-    char const* d = s_slots.data[s];
-    o = std::uint32_t((d ? d - data0 : 0) + 16 * j);
-    so = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
-  };
   // once: staged by stage_down_lane_once; uniform
   bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
   if (once) {
@@ -1841,16 +1825,20 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   __syncthreads();
   trace_mark(a.trace_b, 2);
 
-  // this lane's chunks: their offsets (lane_offsets) and routing weight × input scale (NaN for a bad id)
+  // this lane's chunks: byte offsets of their 16 bytes of row 0 from the first expert's data and of their scale byte
+  // from its scales (32 bits: the launcher checks the expert tensors are < 4 GB), routing weight × input scale
   auto const* const data0 = static_cast<char const*>(a.down.data);
   auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
   std::uint32_t po[kU], pso[kU];
   float f[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
-    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0, s = qq / C;
-    lane_offsets(u, data0, scales0, po[u], pso[u]);
-    f[u] = s_slots.data[s] ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
+    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
+    int const s = qq / C, j = qq - s * C;
+    char const* d = s_slots.data[s];  // null: a bad id, which reads expert 0 with a NaN weight
+    po[u] = std::uint32_t((d ? d - data0 : 0) + 16 * j);
+    pso[u] = std::uint32_t((d ? static_cast<std::uint8_t const*>(s_slots.scales[s]) - scales0 : 0) + j);
+    f[u] = d ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
   }
   std::uint32_t pos_lo, neg_lo;
   e2m1_tables_load(s_tab, pos_lo, neg_lo);

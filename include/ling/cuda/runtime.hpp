@@ -31,6 +31,11 @@ inline bool env_on(char const* name) {
   char const* e = std::getenv(name);
   return e && *e == '1';
 }
+// A numbered setting of the environment: the digit `name`'s value starts with, when it is 1..hi; else 0 (unset: 0).
+inline int env_level(char const* name, int hi) {
+  char const* e = std::getenv(name);
+  return e && *e >= '1' && *e - '0' <= hi ? *e - '0' : 0;
+}
 
 inline bool device_available() {
   int n = 0;
