@@ -359,7 +359,7 @@ int main(int argc, char** argv) {
   reg("moe_gate_up_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false, 32); });
   reg("moe_down_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true, 32); });
   // A/B variants of the same three (moe.cuh reads these at each launch): launch B on the register kernel instead of the
-  // lane kernel, launch A on the biased int8 lookup, launch B's lane kernel with 2 rows per warp, launch A on the register-streaming kernel,
+  // lane kernel, launch A on q8_chunk instead of the biased int8 lookup, launch B's lane kernel with 2 rows per warp, launch A on the register-streaming kernel,
   // both launches streamed (cp.async), launch A streamed on one block of 16 warps per SM instead of two of 8, both
   // streamed with int8 in launch B too, the fp32 decoder (register kernels)
   struct MoeVariant {
@@ -367,7 +367,7 @@ int main(int argc, char** argv) {
     char const* env[2][2];
   };
   static MoeVariant const variants[] = {{"_downreg", {{"LING_MOE_DOWN_LANE", "0"}, {nullptr, nullptr}}},
-                                        {"_q8u1", {{"LING_MOE_Q8U", "1"}, {nullptr, nullptr}}},
+                                        {"_q8u0", {{"LING_MOE_Q8U", "0"}, {nullptr, nullptr}}},
                                         {"_rows2", {{"LING_MOE_LANE_ROWS", "2"}, {nullptr, nullptr}}},
                                         {"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
                                         {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},

@@ -92,22 +92,20 @@ if [ $BENCH = 1 ]; then
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
     # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS ("" for none): variants are separated by spaces, the
-    # settings of one variant by commas; "X=1" is the default run. By default session 22's next step 1: launch A's ring
-    # at 128-byte boundaries, alone, with the lean decodes and with the biased lookup (docs/performance.md).
+    # settings of one variant by commas; "X=1" is the default run. By default launch A on q8_chunk against the biased
+    # lookup (the default since session 23).
     # variant_bench VARIANT CONTEXTS: one `ling bench` run with the variant's settings, appended to ling-bench.md
     variant_bench() {
       { echo; echo "### $1"; env ${1//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts "$2" \
           --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($1): rc=$?"
     }
-    A1="LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=2"
-    A1="$A1 LING_MOE_ALIGN_A=1,LING_MOE_Q8U=1 X=1"
-    for v in ${LING_CTX0_VARIANTS-$A1 $A1}; do variant_bench "$v" 0; done
-    # A/B at the long contexts, in the same format; by default the MLA attention's swizzled cache tiles
-    # (LING_MLA_KERNEL=3, session 22's next step 2)
-    for v in ${LING_LONG_VARIANTS-LING_MLA_KERNEL=3 X=1}; do variant_bench "$v" 4096,32768,131072; done
-    # step timelines of launch A (LING_TRACE_VARIANTS, same format; each with LING_TRACE_MOEA=5, the copies issued, and
-    # =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
-    TV=${LING_TRACE_VARIANTS-X=1 LING_MOE_ALIGN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=1 LING_MOE_ALIGN_A=1,LING_MOE_LEAN_A=2}
+    for v in ${LING_CTX0_VARIANTS-LING_MOE_Q8U=0 X=1}; do variant_bench "$v" 0; done
+    # A/B at the long contexts, in the same format; by default the MLA attention's copies only and math only
+    # (LING_MLA_DIAG=1|2, measurements: wrong outputs) against the default
+    for v in ${LING_LONG_VARIANTS-LING_MLA_DIAG=1 LING_MLA_DIAG=2 X=1}; do variant_bench "$v" 4096,32768,131072; done
+    # step timelines of launch A (LING_TRACE_VARIANTS, same format, none by default; each with LING_TRACE_MOEA=5, the
+    # copies issued, and =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
+    TV=${LING_TRACE_VARIANTS-}
     [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
 last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
     for v in $TV; do

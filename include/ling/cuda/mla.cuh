@@ -572,8 +572,11 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
   if (mma) {
     std::size_t smem = mla_mma_smem(a.d);  // the padded tiles' size: an upper bound for the swizzled ones
-    bool const swz = a.kernel == 3 && a.d.latent() % 64 == 0;  // the swizzled tiles (else the padded ones)
-    auto kernel = swz ? mla_attend_mma_kernel<true> : mla_attend_mma_kernel<false>;
+    bool const swz = a.kernel != 2 && a.d.latent() % 64 == 0;  // the swizzled tiles (kernel 2: the padded ones)
+    auto kernel = !swz ? mla_attend_mma_kernel<false>
+                  : a.diag == 1 ? mla_attend_mma_kernel<true, 1>
+                  : a.diag == 2 ? mla_attend_mma_kernel<true, 2>
+                                : mla_attend_mma_kernel<true>;
     ops::allow_smem(kernel, smem);
     ops::launch(kernel, unsigned(a.splits), 256, smem, st, b);
   } else {

@@ -37,9 +37,11 @@ struct MlaDecodeArgs {
   float* part_o = nullptr;    // [splits, H, r]
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
-  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows), 1 CUDA cores, 2 tensor cores,
-                              // 3 tensor cores with swizzled cache tiles (latent a multiple of 64, else as 2)
+  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows, swizzled tiles when the
+                              // latent is a multiple of 64), 1 CUDA cores, 2 tensor cores with padded cache tiles, 3 tensor
+                              // cores with swizzled cache tiles (latent a multiple of 64, else as 2)
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
+  int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
 };
 
 // Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens

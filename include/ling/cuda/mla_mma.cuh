@@ -90,13 +90,18 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
 //  - runs the score k-steps without a predicate (and its WARPSYNC per MMA) when the latent fills the 4 quarters;
 //  - rounds Q̂ (once per block) and P to bf16 two values per instruction (cvt.rn.bf16x2.f32: the same RNE; a NaN
 //    stays a NaN, in the canonical pattern).
-// kSwz (MlaDecodeArgs::kernel 3, LING_MLA_KERNEL=3 in the model; latent a multiple of 64; not yet measured): the cache tiles
+// kSwz (the default when the latent is a multiple of 64; MlaDecodeArgs::kernel 2 forces the padded tiles): the cache tiles
 // in rows of exactly L values, 16-byte chunk c of row t stored at chunk c ^ (t mod 8), instead of rows padded to L + 8
 // values. The padding keeps ldmatrix free of bank conflicts but starts every odd row 16 bytes past a 32-byte boundary,
 // so half of the tile copies (16-byte cp.async) straddle sectors; the XOR keeps the ldmatrix reads conflict-free (eight
 // rows of one chunk column land in eight different 16-byte bank groups) with every row 128-byte aligned. Launch A's
-// router-row copies made twice the L2 sectors at such an offset (ncu, docs/kernels.md, session 22).
-template <bool kSwz>
+// router-row copies made twice the L2 sectors at such an offset (ncu, docs/kernels.md, session 22). Measured in the
+// model (H200, 2026-12-03, 5 reps, alternated with the padded tiles): 2.412 / 2.564 / 2.812 against 2.411 / 2.572 /
+// 2.848 ms/token at contexts 4096 / 32768 / 131072.
+// kDiag (measurements only, MlaDecodeArgs::diag, LING_MLA_DIAG in the model; the outputs are then wrong): 1 streams the
+// tiles with the same copies, waits and barriers but computes nothing on them; 2 computes on every tile but copies
+// only the first kMlaStages − 1 (later tiles reuse the buffers' contents). Which of the two sets a tile's ~2 µs.
+template <bool kSwz, int kDiag = 0>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -299,8 +304,9 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     cp_wait<NS - 2>();  // tile it has landed (this thread's copies)
     __syncthreads();    // everyone's copies; every warp is done with tile it − 1, whose buffer is refilled now (and,
                         // before the first tile, with Q̂'s region, which the partial scores overwrite)
-    if (it + NS - 1 < ntiles) load_tile(it + NS - 1);
+    if (kDiag != 2 && it + NS - 1 < ntiles) load_tile(it + NS - 1);
     cp_commit();
+    if constexpr (kDiag == 1) continue;
     scores(it);
     __syncthreads();
     softmax(it);

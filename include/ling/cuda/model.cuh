@@ -644,7 +644,7 @@ class CudaModel {
         ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk;
+        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -697,11 +697,12 @@ class CudaModel {
   }
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
-  //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one, =3 the tensor-core one with swizzled
-  //  cache tiles (A/B measurements);
-  //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size).
+  //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one with padded cache tiles, =3 the
+  //  tensor-core one with swizzled cache tiles (the automatic choice at Ling's shape; A/B measurements);
+  //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
+  //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math only).
   struct MlaEnv {
-    int kernel = 0, min_chunk = 0;
+    int kernel = 0, min_chunk = 0, diag = 0;
   };
   static MlaEnv const& mla_env() {
     static MlaEnv const e = [] {
@@ -709,7 +710,7 @@ class CudaModel {
         char const* v = std::getenv(name);
         return v ? std::atoi(v) : 0;
       };
-      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK")};
+      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_DIAG")};
     }();
     return e;
   }

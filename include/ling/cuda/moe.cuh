@@ -264,20 +264,18 @@ __device__ __forceinline__ void stage_q8(int2* q, float* sx, float const* xs, in
   }
 }
 
-// Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1. tab_lo is
-// the table's low word kE2m1TabLo: q8_chunk passes the constant; launch A's lean decode (LING_MOE_LEAN_A) passes it
-// loaded from shared memory, so that the compiler cannot rebuild it as an immediate before every PRMT.
+// Σ over one 32-code chunk per row n: ap/an += positive/negative codes · limb 0, bp/bn the same for limb 1.
 template <int NR>
-__device__ __forceinline__ void q8_chunk_tab(uint4 const (&v)[NR], int2 const* xq, std::uint32_t tab_lo, int (&ap)[NR],
-                                             int (&an)[NR], int (&bp)[NR], int (&bn)[NR]) {
+__device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
+                                         int (&bp)[NR], int (&bn)[NR]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // word i: elements 8i..8i+7 = limb groups 2i (low half) and 2i + 1
     int2 const xl = xq[2 * i], xh = xq[2 * i + 1];
 #pragma unroll
     for (int n = 0; n < NR; ++n) {
       std::uint32_t const w = word(v[n], i), nw = w ^ 0x88888888u;
-      int const p0 = int(prmt_sign(tab_lo, kE2m1TabHi, w)), m0 = int(prmt_sign(tab_lo, kE2m1TabHi, nw));
-      int const p1 = int(prmt_sign(tab_lo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(tab_lo, kE2m1TabHi, nw >> 16));
+      int const p0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w)), m0 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw));
+      int const p1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, w >> 16)), m1 = int(prmt_sign(kE2m1TabLo, kE2m1TabHi, nw >> 16));
       ap[n] = __dp4a(p0, xl.x, ap[n]);
       an[n] = __dp4a(m0, xl.x, an[n]);
       bp[n] = __dp4a(p0, xl.y, bp[n]);
@@ -288,12 +286,6 @@ __device__ __forceinline__ void q8_chunk_tab(uint4 const (&v)[NR], int2 const* x
       bn[n] = __dp4a(m1, xh.y, bn[n]);
     }
   }
-}
-
-template <int NR>
-__device__ __forceinline__ void q8_chunk(uint4 const (&v)[NR], int2 const* xq, int (&ap)[NR], int (&an)[NR],
-                                         int (&bp)[NR], int (&bn)[NR]) {
-  q8_chunk_tab<NR>(v, xq, kE2m1TabLo, ap, an, bp, bn);
 }
 
 // Biased lookup (launch A's streamed kernel and launch B's lane kernel): u = 2 E2M1 + 12 ∈ [0, 24], one PRMT pair
@@ -1070,80 +1062,21 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
   return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
 }
 
-// Launch A's lean decode of one routed tile (kLean, LING_MOE_LEAN_A): lanes [16 sub, 16 sub + L) take rows
-// i0 + sub + P k (P = 32 / L row groups per warp, k < kNR) of the tile's R gate rows and R up rows (base), each lane the
-// chunks j = sl + L u; q8_chunk_tab<2 kNR> reads each limb word once for all of them, with the table's low word tab_lo
-// in a register, and the block scales (gsc, usc: the tile's scale bytes, row-major) are decoded without branches.
-// Writes hrow[i] = φ(gate_i, up_i) for the tile's nr rows (NaN gates when bad). Each row's sum is the default loop's,
-// in its order.
-template <int kNR>
-__device__ __forceinline__ void routed_tile_lean(unsigned char const* base, int R, std::int64_t rb, int nr, int nblk, int L,
-                                                 int2 const* q, float const* sx, std::uint8_t const* gsc,
-                                                 std::uint8_t const* usc, std::uint32_t tab_lo, float* hrow, bool bad,
-                                                 float limit) {
-  constexpr int NM = 2 * kNR;  // matrices' rows per pass: gate and up of kNR rows
-  int const lane = int(threadIdx.x & 31), P = 32 / L, sub = lane / L, sl = lane % L;
-  for (int i0 = 0; i0 < nr; i0 += kNR * P) {
-    int ir[kNR];
-    uint4 const* rows[NM];
-    std::uint8_t const* scs[NM];
-#pragma unroll
-    for (int k = 0; k < kNR; ++k) {
-      ir[k] = i0 + sub + k * P;
-      int const jr = ir[k] < nr ? ir[k] : i0 + sub < nr ? i0 + sub : 0;  // rows past the tile read a valid row
-      rows[2 * k] = reinterpret_cast<uint4 const*>(base + jr * rb);
-      rows[2 * k + 1] = reinterpret_cast<uint4 const*>(base + (R + jr) * rb);
-      scs[2 * k] = gsc + jr * nblk;
-      scs[2 * k + 1] = usc + jr * nblk;
-    }
-    float acc[NM];
-#pragma unroll
-    for (int n = 0; n < NM; ++n) acc[n] = 0.f;
-    for (int j = sl; j < nblk; j += L) {
-      float const xsc = sx[j];
-      uint4 v[NM];
-      int ap[NM], an[NM], bp[NM], bn[NM];
-#pragma unroll
-      for (int n = 0; n < NM; ++n) {
-        v[n] = rows[n][j];
-        ap[n] = an[n] = bp[n] = bn[n] = 0;
-      }
-      q8_chunk_tab<NM>(v, q + q8_slot(8 * j), tab_lo, ap, an, bp, bn);
-#pragma unroll
-      for (int n = 0; n < NM; ++n)
-        acc[n] = fmaf(fmaf(float(bp[n] - bn[n]), kQ8LimbScale, float(ap[n] - an[n])), ue8m0_float_sel(scs[n][j]) * xsc, acc[n]);
-    }
-    for (int o = L >> 1; o > 0; o >>= 1)
-#pragma unroll
-      for (int n = 0; n < NM; ++n) acc[n] += __shfl_xor_sync(0xffffffffu, acc[n], o);
-    if (sl == 0) {
-#pragma unroll
-      for (int k = 0; k < kNR; ++k)
-        if (ir[k] < nr) hrow[ir[k]] = swiglu(bad ? __uint_as_float(0x7FC00000u) : acc[2 * k], acc[2 * k + 1], limit);
-    }
-  }
-}
-
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
-// kBiased: the routed rows on q8u_chunk (LING_MOE_Q8U=1; default q8_chunk, moe_q8u_on). A tile arrives by four
+// kBiased: the routed rows on q8u_chunk (the default; LING_MOE_Q8U=0: q8_chunk, moe_q8u_on). A tile arrives by four
 // bulk copies that one lane issues (cp.async.bulk, completing on the buffer's mbarrier) instead of cp.async (16 bytes
 // per lane and instruction, ~22 per lane for a tile of 11 KB): 2.486 against 2.506 ms/token at context 0, launch A
 // 17.8 against 18.3 µs in the step timeline (H200, 2026-12-02; docs/kernels.md, session 15).
+// The ring buffers start at a 128-byte boundary of shared memory (the launcher adds 128 bytes of slack), and so do
+// the up rows' scale spans (round128 caps). Before, the ring started where the static shared memory ends: 64 bytes past
+// a 128-byte boundary (3 520 bytes of static shared memory), 80 bytes past in instances that read s_tab (3 536), where
+// ncu counted twice the L2 sectors for the router rows' cp.async and the bulk copies went out ~3 µs later after the
+// selection (docs/kernels.md, session 22). Aligned (H200, 2026-12-03, context 0, alternated in one process): 2.346 /
+// 2.342 ms/token against 2.365 / 2.363; aligned with the biased lookup 2.302 / 2.303 (the default since session 23).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
-// kLean (LING_MOE_LEAN_A=1, 16 warps, default lookup; measurements): the routed tiles by routed_tile_lean<2>. Its decode
-// after the last tile landed took 4.6 instead of 5.5 µs, but its copies went out ~3 µs later after the selection, with
-// the same issue code (docs/kernels.md, session 22): 2.395 against 2.365 ms/token. kLean = 2 (LING_MOE_LEAN_A=2, not
-// yet measured): routed_tile_lean<1>, one row pair per pass as the default loop, with the table word in a register
-// and branch-free scales (a loop body the size of the default's less the table rebuilds: ncu showed instruction-fetch
-// stalls every 48 instructions of the default loop, and more in kLean = 1's longer body).
-// kAlign (LING_MOE_ALIGN_A=1, 16 warps; not yet measured): the ring buffers start at a 128-byte boundary of shared
-// memory (the launcher adds 128 bytes of slack) and the up rows' scale span too (round128 caps). Without it the ring
-// starts where the static shared memory ends: 64 bytes past a 128-byte boundary in the default instance (3 520 bytes of
-// static shared memory), 80 bytes past in the lean and biased-lookup instances (3 536: their table words are read,
-// so they are kept), where ncu counted twice the L2 sectors for the router rows' cp.async (session 22).
-template <int kW, bool kBiased, int kDiag = 0, int kLean = 0, bool kAlign = false>
+template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1159,12 +1092,12 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // this warp's tiles: k = warp + m kW
   unsigned char* ring0 = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes;
-  if constexpr (kAlign) ring0 += (0u - smem_u32(ring0)) & 127u;
+  ring0 += (0u - smem_u32(ring0)) & 127u;  // a 128-byte boundary (the launcher's slack)
   unsigned char* const ring = ring0 + std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
   int const R = sp.rows, R2 = sp.srows, ncb = (cols + 127) >> 7;
   std::int64_t const rb = a.gate.ld, srb = a.has_shared ? a.sgate.ld : 0;  // bytes per row (uint8 storage)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
-  auto cap = [](std::int64_t n) { return kAlign ? round128(span16_cap(n)) : span16_cap(n); };  // a scale span's room
+  auto cap = [](std::int64_t n) { return round128(span16_cap(n)); };  // a scale span's room
   std::int64_t const scap = cap(std::int64_t(R) * nblk), sscap = cap(std::int64_t(ncb) * 4);
   auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
@@ -1255,15 +1188,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  if constexpr (kLean > 0) {
-    if (threadIdx.x == 0) s_tab[0] = kE2m1TabLo;
-  } else {
-    e2m1_tables_store(s_tab);
-  }
+  e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
   __syncthreads();
   std::uint32_t pos_lo = 0, neg_lo = 0;
-  if constexpr (kBiased || kLean > 0) e2m1_tables_load(s_tab, pos_lo, neg_lo);  // kLean: pos_lo is kE2m1TabLo
+  if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
 
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
@@ -1301,41 +1230,36 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      if constexpr (kLean > 0) {
-        float* const hrow = h + std::int64_t(s) * inter + r0;
-        routed_tile_lean<kLean == 1 ? 2 : 1>(base, R, rb, nr, nblk, L, q, sx, gsc, usc, pos_lo, hrow, e < 0, a.routed_limit);
-      } else {
-        for (int i0 = 0; i0 < nr; i0 += 32 / L) {
-          int const i = i0 + sub;
-          float ag = 0.f, au = 0.f;
-          if (i < nr) {
-            uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
-            uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
-            int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
-            for (int j = sl; j < jend; j += L) {
-              float const xsc = sx[j];
-              if constexpr (kBiased) {
-                uint4 const v[2] = {gr[j], ur[j]};
-                int2 d[2];
-                q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
-                ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
-                au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
-              } else {
-                uint4 const v[2] = {gr[j], ur[j]};
-                int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
-                q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
-                ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
-                au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
-              }
+      for (int i0 = 0; i0 < nr; i0 += 32 / L) {
+        int const i = i0 + sub;
+        float ag = 0.f, au = 0.f;
+        if (i < nr) {
+          uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
+          uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
+          int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
+          for (int j = sl; j < jend; j += L) {
+            float const xsc = sx[j];
+            if constexpr (kBiased) {
+              uint4 const v[2] = {gr[j], ur[j]};
+              int2 d[2];
+              q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
+              ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
+              au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+            } else {
+              uint4 const v[2] = {gr[j], ur[j]};
+              int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
+              q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
+              ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
+              au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])), ue8m0_float(usc[i * nblk + j]) * xsc, au);
             }
           }
-          for (int o = L >> 1; o > 0; o >>= 1) {
-            ag += __shfl_xor_sync(0xffffffffu, ag, o);
-            au += __shfl_xor_sync(0xffffffffu, au, o);
-          }
-          if (i < nr && sl == 0)
-            h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
         }
+        for (int o = L >> 1; o > 0; o >>= 1) {
+          ag += __shfl_xor_sync(0xffffffffu, ag, o);
+          au += __shfl_xor_sync(0xffffffffu, au, o);
+        }
+        if (i < nr && sl == 0)
+          h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
       }
     }
     if (m + D < mine) {
@@ -1494,13 +1418,12 @@ inline int moe_stream_mode() {
   char const* e = std::getenv("LING_MOE_STREAM");
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
 }
-// LING_MOE_Q8U=1: launch A's streamed kernel on the biased lookup (q8u_chunk) instead of q8_chunk. Opt-in: though
-// faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs), in the model it measured slower, 1.2 µs per
-// layer in the step timeline and 3.047 against 2.984 ms/token (same run). ncu of the model's instance: 9% fewer
-// instructions, but more stalls on instruction fetch, where this kernel already loses 36% of its cycles. Measured again
-// on the smaller kernel of session 8 (6.4 K SASS instructions; H200, 2026-12-02, same binary, alternating): 2.621 /
-// 2.621 against 2.585 / 2.584 ms/token, still slower.
-inline bool moe_q8u_on() { return env_on("LING_MOE_Q8U"); }
+// LING_MOE_Q8U=0: launch A's streamed kernel on q8_chunk instead of the biased lookup (q8u_chunk, the default since
+// session 23). The biased lookup was faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs) but slower
+// in the model in sessions 7, 8 and 19 (3.047 against 2.984, 2.621 against 2.585 ms/token). The cause, found in session
+// 22: its instance keeps s_tab, which moved the ring buffers to 80 bytes past a 128-byte boundary. With the ring
+// aligned (H200, 2026-12-03, context 0, alternated): 2.302 / 2.303 against 2.346 / 2.342 ms/token on q8_chunk.
+inline bool moe_q8u_on() { return !env_off("LING_MOE_Q8U"); }
 // Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
 // the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
 // 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
@@ -1532,16 +1455,10 @@ inline int moe_stream_stage_cap() {
   int const n = e && *e ? std::atoi(e) : 0;
   return n >= 1 ? n : kStreamMaxStages;
 }
-// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, q8_chunk; other
-// settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
+// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, either lookup;
+// other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
 // step 1.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 2); }
-// LING_MOE_LEAN_A=1|2: launch A's streamed kernel (16 warps, default lookup) with the lean decode (kLean; measurements:
-// =1 slower in the model, docs/kernels.md, session 22; =2 only with LING_MOE_ALIGN_A=1).
-inline int moe_lean_a() { return env_level("LING_MOE_LEAN_A", 2); }
-// LING_MOE_ALIGN_A=1: launch A's streamed kernel (16 warps) with its ring buffers at 128-byte boundaries (kAlign; with
-// LING_MOE_LEAN_A=1 or LING_MOE_Q8U=1 too; A/B measurements, not yet measured).
-inline bool moe_align_a() { return env_on("LING_MOE_ALIGN_A"); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1663,18 +1580,18 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     std::int64_t const cols = a.gate.cols, nblk = cols / 32, ncb = (cols + 127) / 128;
     std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;
     std::int64_t const prologue = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots(int(nblk), a.route)) * 8 + nblk * 4;
-    // scale spans rounded to 128 bytes (kAlign's layout; within the 128-byte rounding of the stage at Ling's shapes)
+    // scale spans rounded to 128 bytes (the kernel's layout; within the 128-byte rounding of the stage at Ling's shapes)
     std::int64_t routed = 2 * sp.rows * a.gate.ld + 2 * round128(span16_cap(sp.rows * nblk));
     std::int64_t shared = a.has_shared ? 2 * sp.srows * a.sgate.ld + 2 * round128(span16_cap(ncb * 4)) : 0;
     std::int64_t const stage = routed > shared ? routed : shared;
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
-    auto go = [&](auto kernel, int w, int slack = 0) {
+    auto go = [&](auto kernel, int w) {
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
-      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err, slack)) return false;
+      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err, 128)) return false;  // 128: the ring's alignment
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
       if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
@@ -1684,16 +1601,10 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    if (int const diag = moe_diag_a(); diag > 0 && warps == 16 && !biased)
+    if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
+      if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
-    if (moe_align_a() && warps == 16) {
-      if (biased) return go(moe_gate_up_stream_kernel<16, true, 0, false, true>, 16, 128);
-      int const lean = moe_lean_a();
-      return lean == 1   ? go(moe_gate_up_stream_kernel<16, false, 0, 1, true>, 16, 128)
-             : lean == 2 ? go(moe_gate_up_stream_kernel<16, false, 0, 2, true>, 16, 128)
-                         : go(moe_gate_up_stream_kernel<16, false, 0, 0, true>, 16, 128);
     }
-    if (moe_lean_a() == 1 && warps == 16 && !biased) return go(moe_gate_up_stream_kernel<16, false, 0, 1>, 16);
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
