@@ -92,17 +92,17 @@ if [ $BENCH = 1 ]; then
   if [ -x $BUILD/examples/ling ]; then
     $BUILD/examples/ling bench $BENCH_ARGS >"$OUT/ling-bench.md" 2>&1; note "ling bench: rc=$?"
     # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS ("" for none): variants are separated by spaces, the
-    # settings of one variant by commas; "X=1" is the default run. By default launch A on q8_chunk against the biased
-    # lookup (the default since session 23).
+    # settings of one variant by commas; "X=1" is the default run. None by default.
     # variant_bench VARIANT CONTEXTS: one `ling bench` run with the variant's settings, appended to ling-bench.md
     variant_bench() {
       { echo; echo "### $1"; env ${1//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts "$2" \
           --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($1): rc=$?"
     }
-    for v in ${LING_CTX0_VARIANTS-LING_MOE_Q8U=0 X=1}; do variant_bench "$v" 0; done
-    # A/B at the long contexts, in the same format; by default the MLA attention's copies only and math only
-    # (LING_MLA_DIAG=1|2, measurements: wrong outputs) against the default
-    for v in ${LING_LONG_VARIANTS-LING_MLA_DIAG=1 LING_MLA_DIAG=2 X=1}; do variant_bench "$v" 4096,32768,131072; done
+    for v in ${LING_CTX0_VARIANTS-}; do variant_bench "$v" 0; done
+    # A/B at every context, in the same format; by default the MLA attention's variants of session 23 (two tiles per
+    # pass, Q̂'s loads first, both) against the default, two rounds (docs/performance.md, session 23's next step 1)
+    MV="LING_MLA_KERNEL=4 LING_MLA_KERNEL=5 LING_MLA_KERNEL=6 X=1"
+    for v in ${LING_LONG_VARIANTS-$MV $MV}; do variant_bench "$v" 0,4096,32768,131072; done
     # step timelines of launch A (LING_TRACE_VARIANTS, same format, none by default; each with LING_TRACE_MOEA=5, the
     # copies issued, and =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
     TV=${LING_TRACE_VARIANTS-}

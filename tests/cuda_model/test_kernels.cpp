@@ -200,7 +200,9 @@ void rope_ref(float* x, int dim, std::int64_t pos, double theta) {  // as cpu::r
   }
 }
 // kernel 1: CUDA-core attention (fp32 scores, tolerance 1e-4); kernel 2: tensor cores (bf16 Q̂ and P, 1e-2); kernel 3:
-// tensor cores on swizzled cache tiles (kernel 2's bits).
+// tensor cores on swizzled cache tiles (kernel 2's bits); kernel 4: kernel 3 with two tiles per pass (its online softmax
+// steps over 64 tokens, so other roundings of P: checked against the reference only); kernels 5 and 6: kernels 3 and 4
+// with Q̂'s loads issued before the tile copies (their bits).
 // min_chunk 0: the kernel's default split size.
 void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0) {
   int const H = d.heads, L = d.latent(), r = d.rank;
@@ -262,9 +264,12 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << " min chunk " << min_chunk
                          << ": rel L2 " << err);
   CHECK(err < (kernel >= 2 ? 1e-2 : 1e-4));
-  if (kernel == 3) {  // the swizzled tiles feed the same MMAs the same values in the same order: kernel 2's bits
-    auto const padded = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, 2, min_chunk);
-    CHECK(padded.out == got.out);
+  if (kernel == 3 || kernel == 5 || kernel == 6) {
+    // the swizzled tiles feed the same MMAs the same values in the same order: kernel 2's bits; where Q̂'s loads are
+    // issued changes no value: kernel 3's and 4's bits
+    int const same = kernel == 3 ? 2 : kernel - 2;
+    auto const base = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, same, min_chunk);
+    CHECK(base.out == got.out);
   }
 }
 }  // namespace
@@ -294,6 +299,23 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("swizzled tiles: 33 tokens, splits of one tile") { mla_case(ling, 32, 132, 1, 3, 32); }
   SUBCASE("swizzled tiles: 20000 tokens, 7 splits (the ring wraps)") { mla_case(ling, 19999, 7, 1, 3); }
   SUBCASE("swizzled tiles: rope 32 (latent 544: padded), 1000 tokens") { mla_case(r32, 999, 16, 1, 3); }
+  // kernel 4: two tiles per pass; odd tile counts (a last pass of one tile), a partial tile in a pass of two, splits
+  // of one tile, the ring wrapping many times
+  SUBCASE("two tiles per pass: Ling shape, 700 tokens, 4 splits (6 tiles; the last split 4, its last partial)") { mla_case(ling, 700, 4, 1, 4); }
+  SUBCASE("two tiles per pass: first token") { mla_case(ling, 0, 8, 1, 4); }
+  SUBCASE("two tiles per pass: 33 tokens, splits of one tile") { mla_case(ling, 32, 132, 1, 4, 32); }
+  SUBCASE("two tiles per pass: 60 tokens, one split (a partial second tile)") { mla_case(ling, 59, 1, 1, 4); }
+  SUBCASE("two tiles per pass: 5000 tokens, 132 splits (2 tiles each; the last split one partial)") { mla_case(ling, 5000, 132, 1, 4); }
+  SUBCASE("two tiles per pass: 20000 tokens, 7 splits (90 tiles each; the last split 85)") { mla_case(ling, 19999, 7, 1, 4); }
+  SUBCASE("two tiles per pass: 2948 tokens, 3 splits (the last split 29 tiles: a last pass of one partial tile)") { mla_case(ling, 2947, 3, 1, 4); }
+  SUBCASE("two tiles per pass: rope 32 (latent 544: one tile per pass), 1000 tokens") { mla_case(r32, 999, 16, 1, 4); }
+  // kernels 5 and 6: Q̂'s loads first (a split of one partial tile, two tiles, many; latent 544: the padded kernel)
+  SUBCASE("Q̂ first: 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 5); }
+  SUBCASE("Q̂ first: first token") { mla_case(ling, 0, 8, 1, 5); }
+  SUBCASE("Q̂ first: 20000 tokens, 7 splits") { mla_case(ling, 19999, 7, 1, 5); }
+  SUBCASE("Q̂ first, two tiles per pass: 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 6); }
+  SUBCASE("Q̂ first, two tiles per pass: 2948 tokens, 3 splits") { mla_case(ling, 2947, 3, 1, 6); }
+  SUBCASE("Q̂ first: rope 32 (latent 544: padded), 1000 tokens") { mla_case(r32, 999, 16, 1, 5); }
   cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};
   SUBCASE("small dims, element-wise gate") { mla_case(small, 300, 3, 2); }
   cuda::MlaDims nope{4, 16, 8, 24, 32, false, 10000.0, 1e-6f};

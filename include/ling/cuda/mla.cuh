@@ -564,16 +564,21 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   });
   check_launch("mla_prepare");
   bool const q16 = reinterpret_cast<std::uintptr_t>(a.q_hat) % 16 == 0;
-  bool const mma = a.kernel == 2 || a.kernel == 3 || (a.kernel == 0 && mla_mma_supported(a.d) && q16);
+  bool const mma = (a.kernel >= 2 && a.kernel <= 6) || (a.kernel == 0 && mla_mma_supported(a.d) && q16);
   require(!mma || mla_mma_supported(a.d), ErrorCode::kUnsupported,
           "mla decode: the tensor-core kernel needs 32 heads, kv_lora_rank 512 and qk_rope_head_dim a multiple of 16 up to 64");
   require(!mma || q16, ErrorCode::kInvalidArgument, "mla decode: the tensor-core kernel needs q_hat 16-byte aligned");
   MlaDecodeArgs b = a;  // the split size the attention and the combine agree on
   b.min_chunk = a.min_chunk > 0 ? a.min_chunk : mma ? kMlaMmaMinChunk : kMlaMinChunk;
   if (mma) {
-    std::size_t smem = mla_mma_smem(a.d);  // the padded tiles' size: an upper bound for the swizzled ones
     bool const swz = a.kernel != 2 && a.d.latent() % 64 == 0;  // the swizzled tiles (kernel 2: the padded ones)
-    auto kernel = !swz ? mla_attend_mma_kernel<false>
+    int const tp = swz && (a.kernel == 4 || a.kernel == 6) ? 2 : 1;  // kernels 4 and 6: two tiles per pass
+    bool const qfirst = swz && (a.kernel == 5 || a.kernel == 6);      // Q̂'s loads before the tile copies
+    std::size_t smem = mla_mma_smem(a.d, tp);  // the padded tiles' size: an upper bound for the swizzled ones
+    auto kernel = !swz                ? mla_attend_mma_kernel<false>
+                  : tp == 2 && qfirst ? mla_attend_mma_kernel<true, 0, 2, true>
+                  : tp == 2           ? mla_attend_mma_kernel<true, 0, 2>
+                  : qfirst            ? mla_attend_mma_kernel<true, 0, 1, true>
                   : a.diag == 1 ? mla_attend_mma_kernel<true, 1>
                   : a.diag == 2 ? mla_attend_mma_kernel<true, 2>
                                 : mla_attend_mma_kernel<true>;

@@ -39,7 +39,9 @@ struct MlaDecodeArgs {
   float* o_lat = nullptr;     // [H, r]
   int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows, swizzled tiles when the
                               // latent is a multiple of 64), 1 CUDA cores, 2 tensor cores with padded cache tiles, 3 tensor
-                              // cores with swizzled cache tiles (latent a multiple of 64, else as 2)
+                              // cores with swizzled cache tiles (latent a multiple of 64, else as 2); measurements: 4 as
+                              // 3 with two tiles per pass, 5 as 3 with Q̂'s loads before the tile copies, 6 as 4 with
+                              // them
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
   int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
 };

@@ -59,7 +59,8 @@ inline constexpr int kMmaHeads = 32, kMmaRank = 512, kMmaTile = 32;
 //    context of 4096 on 17 blocks of 8 tiles each).
 inline constexpr int kMlaStages = 4;
 inline constexpr int kMlaKq = 9;        // k-steps (16 latent values) per quarter: latent ≤ 576
-inline constexpr int kMlaSp = 36;       // partial-score row stride (floats; float4 reads)
+// the partial-score row stride (floats; float4 reads) for tiles_per_pass tiles: 36 for one, 68 for two
+LING_HOST_DEVICE constexpr int mla_mma_sp(int tiles_per_pass) { return tiles_per_pass * kMmaTile + 4; }
 inline constexpr int kMlaCopies = (kMmaTile * 4 * 16 * kMlaKq / 8 + 255) / 256;  // 16-byte copies per thread per tile
 
 inline bool mla_mma_supported(MlaDims const& d) {
@@ -71,14 +72,14 @@ inline bool mla_mma_supported(MlaDims const& d) {
 // take its largest shared-memory carveout, which measured +0.04 ms per token at context 0 (the partial scores in
 // their own 18 KB region) through the launches that follow (docs/performance.md, sessions 10 and 12).
 // Bytes of the first region: Q̂ in bf16 rows of Lp, then the four quarters' partial scores.
-LING_HOST_DEVICE inline int mla_mma_q_bytes(int Lp) {
-  int const qb = 2 * kMmaHeads * Lp, sb = 4 * 4 * kMmaHeads * kMlaSp;
+LING_HOST_DEVICE inline int mla_mma_q_bytes(int Lp, int tiles_per_pass = 1) {
+  int const qb = 2 * kMmaHeads * Lp, sb = 4 * 4 * kMmaHeads * mla_mma_sp(tiles_per_pass);
   return qb > sb ? qb : sb;
 }
-inline std::size_t mla_mma_smem(MlaDims const& d) {
+inline std::size_t mla_mma_smem(MlaDims const& d, int tiles_per_pass = 1) {
   std::size_t const Lp = std::size_t(d.latent() + 8);
-  return std::size_t(mla_mma_q_bytes(int(Lp))) + 2 * std::size_t(kMlaStages) * kMmaTile * Lp +
-         2 * kMmaHeads * (kMmaTile + 8) + 4 * kMmaHeads;
+  return std::size_t(mla_mma_q_bytes(int(Lp), tiles_per_pass)) + 2 * std::size_t(kMlaStages) * kMmaTile * Lp +
+         2 * kMmaHeads * (std::size_t(tiles_per_pass) * kMmaTile + 8) + 4 * kMmaHeads;
 }
 
 // Instructions per tile (session 12, cuobjdump, nvcc 13.0): the first version of this kernel had ~800 SASS
@@ -101,18 +102,36 @@ inline std::size_t mla_mma_smem(MlaDims const& d) {
 // kDiag (measurements only, MlaDecodeArgs::diag, LING_MLA_DIAG in the model; the outputs are then wrong): 1 streams the
 // tiles with the same copies, waits and barriers but computes nothing on them; 2 computes on every tile but copies
 // only the first kMlaStages − 1 (later tiles reuse the buffers' contents). Which of the two sets a tile's ~2 µs.
-template <bool kSwz, int kDiag = 0>
+// Measured (H200, 2026-12-03, ms/token at 4096 / 32768 / 131072): the default 2.350 / 2.504 / 2.749, copies only
+// 2.400 / 2.490 / 2.681, math only 2.349 / 2.551 / 2.746: the math sets the time at long contexts, and the copies
+// alone are only ~10 µs per layer faster at 131072.
+// kTP (MlaDecodeArgs::kernel 4, LING_MLA_KERNEL=4; swizzled tiles only; not yet measured): two tiles per pass, so that
+// each of a pass's three phases behind a barrier works on 64 tokens (twice the independent MMA chains in the scores,
+// 8 tokens per lane in the softmax, 4 k-steps in P·C) and a token pays half the barriers and shuffle rounds. The price:
+// the kMlaStages buffers hold the pass's two tiles and the next pass's two, so tiles are requested one pass ahead
+// (all four before the first pass) instead of three tiles ahead, and a split's last pass may hold one tile.
+// Measured (H200, 2026-12-03, 3 reps, alternated with the default): 2.504 / 2.731 against 2.506 / 2.752 ms/token at
+// contexts 32768 / 131072; not yet at 0 and 4096.
+// kQFirst (MlaDecodeArgs::kernel 5 = 3 with it, 6 = 4 with it; swizzled tiles only; not yet measured): every Q̂ load of
+// a thread (18 float4 at Ling's shape) is issued before the tile copies, and all at once. ncu of the default at context
+// 32768 (session 23) put 17% of the kernel's stall samples on the first use of Q̂'s first batch of loads: three
+// batches of 6, each requested after the ~110 KB of tile copies of the block's first three tiles, which an SM serves
+// first (docs/performance.md, session 21: an SM's loads are served in the order it requests them).
+template <bool kSwz, int kDiag = 0, int kTP = 1, bool kQFirst = false>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;
   extern __shared__ __align__(16) unsigned char smraw[];
   int const L = a.d.latent(), Lp = L + 8, r = a.d.rank, KS = L / 16;
   int const Lc = kSwz ? L : Lp;  // the cache tiles' row pitch (values)
-  constexpr int H = kMmaHeads, T = kMmaTile, NS = kMlaStages, Sp = kMlaSp, Pp = T + 8, KQ = kMlaKq;
-  int const qbytes = mla_mma_q_bytes(Lp);
+  constexpr int H = kMmaHeads, T = kMmaTile, NS = kMlaStages, KQ = kMlaKq;
+  constexpr int PT = kTP * T, Sp = mla_mma_sp(kTP), Pp = PT + 8;  // tokens per pass, partial-score and P strides
+  constexpr int TL = PT / 8;                                         // softmax: tokens per lane
+  static_assert(kTP == 1 || kTP == 2, "one or two tiles per pass");
+  int const qbytes = mla_mma_q_bytes(Lp, kTP);
   std::uint16_t* Qb = reinterpret_cast<std::uint16_t*>(smraw);         // [H][Lp] bf16, until the fragments are loaded
   float* Sf = reinterpret_cast<float*>(smraw);                          // then [4 quarters][H][Sp] partial scores
   std::uint16_t* Cb = reinterpret_cast<std::uint16_t*>(smraw + qbytes);  // [NS][T][Lc] bf16
-  std::uint16_t* Pb = Cb + NS * T * Lc;                                 // [H][Pp] probabilities, bf16
+  std::uint16_t* Pb = Cb + NS * T * Lc;                                 // [H][Pp] probabilities of a pass, bf16
   float* alpha = reinterpret_cast<float*>(Pb + H * Pp);                // [H] this tile's rescale factors
   int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tg = lane & 3;
   ops::pdl_trigger();
@@ -149,29 +168,38 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
       cp_async16(smem_u32(dst + row * Lc + (kSwz ? v ^ (row & 7) : v) * 8), a.cache + t * L + v * 8);
     }
   };
+  float const scale = rsqrtf(float(a.d.qk()));
+  float4 const* q4 = reinterpret_cast<float4 const*>(a.q_hat);
+  int const n4 = H * L / 4, l4 = L / 4;
+  constexpr int kQn = (kMmaHeads * 16 * 4 * kMlaKq / 4 + 255) / 256;  // Q̂'s float4 per thread at the largest latent
+  float4 qv[kQFirst ? kQn : 1];
+  if constexpr (kQFirst) {
 #pragma unroll
-  for (int s = 0; s < NS - 1; ++s) {
+    for (int k = 0; k < kQn; ++k) qv[k] = tid + k * 256 < n4 ? q4[tid + k * 256] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  auto put_q = [&](int i, float4 v) {  // float4 i of Q̂ · qk^-1/2 as bf16
+    int const h = i / l4, c = (i - h * l4) * 4;
+    *reinterpret_cast<uint2*>(Qb + h * Lp + c) =
+        make_uint2(pack_bf16x2(v.x * scale, v.y * scale), pack_bf16x2(v.z * scale, v.w * scale));
+  };
+#pragma unroll
+  for (int s = 0; s < (kTP == 1 ? NS - 1 : NS); ++s) {  // kTP = 2: every buffer before the first pass
     if (s < ntiles) load_tile(s);
     cp_commit();
   }
-  {  // Q̂ · qk^-1/2 as bf16, float4 loads in batches of 6 per thread
-    float const scale = rsqrtf(float(a.d.qk()));
-    float4 const* q4 = reinterpret_cast<float4 const*>(a.q_hat);
-    int const n4 = H * L / 4, l4 = L / 4;
+  if constexpr (kQFirst) {  // Q̂'s loads went out before the tile copies
+#pragma unroll
+    for (int k = 0; k < kQn; ++k)
+      if (tid + k * 256 < n4) put_q(tid + k * 256, qv[k]);
+  } else {  // float4 loads in batches of 6 per thread, after the tile copies
     constexpr int kB = 6;
     for (int i0 = tid; i0 < n4; i0 += kB * 256) {
       float4 v[kB];
 #pragma unroll
       for (int k = 0; k < kB; ++k) v[k] = i0 + k * 256 < n4 ? q4[i0 + k * 256] : make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int k = 0; k < kB; ++k) {
-        int const i = i0 + k * 256;
-        if (i < n4) {
-          int const h = i / l4, c = (i - h * l4) * 4;
-          *reinterpret_cast<uint2*>(Qb + h * Lp + c) = make_uint2(pack_bf16x2(v[k].x * scale, v[k].y * scale),
-                                                                  pack_bf16x2(v[k].z * scale, v[k].w * scale));
-        }
-      }
+      for (int k = 0; k < kB; ++k)
+        if (i0 + k * 256 < n4) put_q(i0 + k * 256, v[k]);
     }
   }
   __syncthreads();
@@ -189,65 +217,88 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
         qf[m][k][0] = qf[m][k][1] = qf[m][k][2] = qf[m][k][3] = 0u;
       }
     }
-  // softmax ownership: head sh = 4 warp + lane / 8, tokens 4 (lane % 8) .. +3 of each tile
-  int const sh = warp * 4 + (lane >> 3), sj = (lane & 7) * 4;
+  // softmax ownership: head sh = 4 warp + lane / 8, tokens TL (lane % 8) .. +TL−1 of each pass
+  int const sh = warp * 4 + (lane >> 3), sj = (lane & 7) * TL;
   float m_run = -INFINITY, l_run = 0.f;
   float acc[2][8][4] = {};
   auto tile_of = [&](int it) { return static_cast<std::uint16_t const*>(Cb + (it % NS) * T * Lc); };
-  auto tile_len = [&](int it) {
+  auto pass_len = [&](int it) {  // valid tokens of the pass that starts at tile it (≤ PT)
     std::int64_t const t0 = begin + std::int64_t(it) * T;
-    return int(end - t0 < T ? end - t0 : T);
+    return int(end - t0 < PT ? end - t0 : PT);
   };
-  // partial scores of quarter kq: c[m][nt] = Q̂[16 m .. +16) · C[16 nh + 8 nt .. +8)ᵀ over its k-steps -> Sf
-  auto scores = [&](int it) {
-    std::uint16_t const* Cc = tile_of(it);
-    float c[2][2][4] = {};
+  // partial scores of quarter kq: c[u][m][nt] = Q̂[16 m .. +16) · C_u[16 nh + 8 nt .. +8)ᵀ over its k-steps -> Sf, for
+  // the pass's tiles u < nt (tile u's tokens at columns T u ..)
+  auto scores = [&](int it, int nt) {
+    float c[kTP][2][2][4] = {};
     // ldmatrix x4: matrices 0, 1 = n-tile 0 (k low, k high), 2, 3 = n-tile 1
     // kSwz: the row's position mod 8 is lane & 7, and chunk 2 ks + hb sits at that XOR lane & 7
     int const hb = (lane >> 3) & 1;
-    unsigned const ca = smem_u32(Cc + (nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lc + (kSwz ? 0 : hb * 8));
-    auto kstep = [&](int k) {
+    unsigned const roff = unsigned((nh * 16 + (lane >> 4) * 8 + (lane & 7)) * Lc + (kSwz ? 0 : hb * 8)) * 2u;
+    unsigned ca[kTP];
+#pragma unroll
+    for (int u = 0; u < kTP; ++u) ca[u] = smem_u32(tile_of(it + u)) + roff;  // tile it + 1 read only when nt = 2
+    auto kstep = [&](int u, int k) {
       unsigned b[4];
       if constexpr (kSwz)
-        ldsm_x4(ca + 16u * unsigned((2 * (kq * KQ + k) + hb) ^ (lane & 7)), b);
+        ldsm_x4(ca[u] + 16u * unsigned((2 * (kq * KQ + k) + hb) ^ (lane & 7)), b);
       else
-        ldsm_x4(ca + 32u * unsigned(kq * KQ + k), b);
+        ldsm_x4(ca[u] + 32u * unsigned(kq * KQ + k), b);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        mma_bf16(c[m][0], qf[m][k], b[0], b[1]);
-        mma_bf16(c[m][1], qf[m][k], b[2], b[3]);
+        mma_bf16(c[u][m][0], qf[m][k], b[0], b[1]);
+        mma_bf16(c[u][m][1], qf[m][k], b[2], b[3]);
       }
     };
-    if (kfull) {
+    auto ksteps = [&](auto both) {  // both: the two tiles' k-steps interleaved (independent chains)
+      constexpr int nu = decltype(both)::value ? 2 : 1;
+      if (kfull) {
 #pragma unroll
-      for (int k = 0; k < KQ; ++k) kstep(k);
-    } else {
+        for (int k = 0; k < KQ; ++k)
 #pragma unroll
-      for (int k = 0; k < KQ; ++k)
-        if (kq * KQ + k < KS) kstep(k);
-    }
+          for (int u = 0; u < nu; ++u) kstep(u, k);
+      } else {
+#pragma unroll
+        for (int k = 0; k < KQ; ++k)
+          if (kq * KQ + k < KS)
+#pragma unroll
+            for (int u = 0; u < nu; ++u) kstep(u, k);
+      }
+    };
+    if (kTP == 2 && nt == 2)
+      ksteps(std::integral_constant<bool, kTP == 2>{});
+    else
+      ksteps(std::false_type{});
     float* sq = Sf + kq * H * Sp;
 #pragma unroll
-    for (int m = 0; m < 2; ++m)
+    for (int u = 0; u < kTP; ++u)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        int const h0 = m * 16 + g, tt = nh * 16 + j * 8 + tg * 2;
-        *reinterpret_cast<float2*>(sq + h0 * Sp + tt) = make_float2(c[m][j][0], c[m][j][1]);
-        *reinterpret_cast<float2*>(sq + (h0 + 8) * Sp + tt) = make_float2(c[m][j][2], c[m][j][3]);
-      }
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          int const h0 = m * 16 + g, tt = u * T + nh * 16 + j * 8 + tg * 2;
+          *reinterpret_cast<float2*>(sq + h0 * Sp + tt) = make_float2(c[u][m][j][0], c[u][m][j][1]);
+          *reinterpret_cast<float2*>(sq + (h0 + 8) * Sp + tt) = make_float2(c[u][m][j][2], c[u][m][j][3]);
+        }
   };
-  // online softmax of head sh over tile it (the quarters summed in a fixed order): Sf -> Pb, alpha
+  // online softmax of head sh over the pass that starts at tile it (the quarters summed in a fixed order): Sf -> Pb,
+  // alpha
   auto softmax = [&](int it) {
-    int const n = tile_len(it);
-    float4 const p0 = *reinterpret_cast<float4 const*>(Sf + 0 * H * Sp + sh * Sp + sj);
-    float4 const p1 = *reinterpret_cast<float4 const*>(Sf + 1 * H * Sp + sh * Sp + sj);
-    float4 const p2 = *reinterpret_cast<float4 const*>(Sf + 2 * H * Sp + sh * Sp + sj);
-    float4 const p3 = *reinterpret_cast<float4 const*>(Sf + 3 * H * Sp + sh * Sp + sj);
-    float const sv[4] = {((p0.x + p1.x) + p2.x) + p3.x, ((p0.y + p1.y) + p2.y) + p3.y,
-                         ((p0.z + p1.z) + p2.z) + p3.z, ((p0.w + p1.w) + p2.w) + p3.w};
-    float s[4], mx = -INFINITY;
+    int const n = pass_len(it);
+    float sv[TL];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int v = 0; v < TL / 4; ++v) {
+      float4 const p0 = *reinterpret_cast<float4 const*>(Sf + 0 * H * Sp + sh * Sp + sj + 4 * v);
+      float4 const p1 = *reinterpret_cast<float4 const*>(Sf + 1 * H * Sp + sh * Sp + sj + 4 * v);
+      float4 const p2 = *reinterpret_cast<float4 const*>(Sf + 2 * H * Sp + sh * Sp + sj + 4 * v);
+      float4 const p3 = *reinterpret_cast<float4 const*>(Sf + 3 * H * Sp + sh * Sp + sj + 4 * v);
+      sv[4 * v + 0] = ((p0.x + p1.x) + p2.x) + p3.x;
+      sv[4 * v + 1] = ((p0.y + p1.y) + p2.y) + p3.y;
+      sv[4 * v + 2] = ((p0.z + p1.z) + p2.z) + p3.z;
+      sv[4 * v + 3] = ((p0.w + p1.w) + p2.w) + p3.w;
+    }
+    float s[TL], mx = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < TL; ++k) {
       s[k] = sj + k < n ? sv[k] : -INFINITY;
       mx = fmaxf(mx, s[k]);
     }
@@ -255,9 +306,9 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
     float const mnew = fmaxf(m_run, mx);
-    float p[4], sum = 0.f;
+    float p[TL], sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
+    for (int k = 0; k < TL; ++k) {
       p[k] = sj + k < n ? __expf(s[k] - mnew) : 0.f;
       sum += p[k];
     }
@@ -267,12 +318,16 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
     float const al = __expf(m_run - mnew);
     l_run = l_run * al + sum;
     m_run = mnew;
-    *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
+    if constexpr (TL == 4) {
+      *reinterpret_cast<uint2*>(Pb + sh * Pp + sj) = make_uint2(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]));
+    } else {
+      *reinterpret_cast<uint4*>(Pb + sh * Pp + sj) = make_uint4(pack_bf16x2(p[0], p[1]), pack_bf16x2(p[2], p[3]),
+                                                                pack_bf16x2(p[4], p[5]), pack_bf16x2(p[6], p[7]));
+    }
     if ((lane & 7) == 0) alpha[sh] = al;
   };
-  // O += P C over tile it: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles
-  auto pv = [&](int it) {
-    std::uint16_t const* Cc = tile_of(it);
+  // O += P C over the pass's tiles u < nt: warp -> latent columns [64 warp, 64 warp + 64) (8 n-tiles), both m-tiles
+  auto pv = [&](int it, int nt) {
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
       float const a0 = alpha[m * 16 + g], a1 = alpha[m * 16 + g + 8];
@@ -285,14 +340,16 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
       }
     }
 #pragma unroll
-    for (int k0 = 0; k0 < T; k0 += 16) {
+    for (int k0 = 0; k0 < PT; k0 += 16) {
+      if (k0 >= T && nt < 2) break;  // a split's last pass with one tile
+      std::uint16_t const* Cc = tile_of(it + k0 / T);
       unsigned af[2][4];
 #pragma unroll
       for (int m = 0; m < 2; ++m) ldsm_x4(smem_u32(Pb + (m * 16 + (lane & 15)) * Pp + k0 + (lane >> 4) * 8), af[m]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         unsigned b0, b1;
-        ldsm_x2_trans(smem_u32(Cc + (k0 + (lane & 15)) * Lc + (warp * 8 + (kSwz ? j ^ (lane & 7) : j)) * 8), b0, b1);
+        ldsm_x2_trans(smem_u32(Cc + (k0 % T + (lane & 15)) * Lc + (warp * 8 + (kSwz ? j ^ (lane & 7) : j)) * 8), b0, b1);
         mma_bf16(acc[0][j], af[0], b0, b1);
         mma_bf16(acc[1][j], af[1], b0, b1);
       }
@@ -300,18 +357,33 @@ __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a)
   };
   // three phases per tile, each behind a barrier (a software-pipelined order, tile it's P·C beside tile it + 1's
   // scores with two barriers per tile, measured slower: 228 registers, one tile fewer in flight; docs/kernels.md)
-  for (int it = 0; it < ntiles; ++it) {
-    cp_wait<NS - 2>();  // tile it has landed (this thread's copies)
-    __syncthreads();    // everyone's copies; every warp is done with tile it − 1, whose buffer is refilled now (and,
-                        // before the first tile, with Q̂'s region, which the partial scores overwrite)
-    if (kDiag != 2 && it + NS - 1 < ntiles) load_tile(it + NS - 1);
-    cp_commit();
+  for (int it = 0; it < ntiles; it += kTP) {
+    int const nt = kTP == 2 && it + 1 < ntiles ? 2 : 1;  // tiles in this pass
+    if constexpr (kTP == 1) {
+      cp_wait<NS - 2>();  // tile it has landed (this thread's copies)
+    } else if (it == 0) {
+      cp_wait<NS - 2>();  // tiles 0 and 1 (of the four requested before the loop)
+    } else {
+      cp_wait<0>();  // tiles it and it + 1, requested at the top of the previous pass (the newest groups)
+    }
+    __syncthreads();  // everyone's copies; every warp is done with the previous pass, whose buffers are refilled now
+                      // (and, before the first pass, with Q̂'s region, which the partial scores overwrite)
+    if constexpr (kTP == 1) {
+      if (kDiag != 2 && it + NS - 1 < ntiles) load_tile(it + NS - 1);
+      cp_commit();
+    } else if (it > 0) {  // the previous pass's buffers take tiles it + 2 and it + 3
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (kDiag != 2 && it + 2 + u < ntiles) load_tile(it + 2 + u);
+        cp_commit();
+      }
+    }
     if constexpr (kDiag == 1) continue;
-    scores(it);
+    scores(it, nt);
     __syncthreads();
     softmax(it);
     __syncthreads();
-    pv(it);
+    pv(it, nt);
   }
 #pragma unroll
   for (int m = 0; m < 2; ++m)
