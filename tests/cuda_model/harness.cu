@@ -130,7 +130,7 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
 
 MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
                   std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
-                  std::vector<float> const& gate, int gate_mode, int kernel, int min_chunk) {
+                  std::vector<float> const& gate, int gate_mode, int kernel, int min_chunk, int combine) {
   DevMatrix w(kv_b);
   std::int64_t const L = d.latent();
   std::int64_t const max_ctx = pos + 1;
@@ -159,6 +159,7 @@ MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<fl
   a.o_lat = olat.data<float>();
   a.kernel = kernel;
   a.min_chunk = min_chunk;
+  a.combine = combine;
   cuda::mla_decode(a, dg.data<float>(), gate_mode, out.data<float>());
   MlaOut r;
   r.out = down<float>(out, std::size_t(d.heads) * d.v);

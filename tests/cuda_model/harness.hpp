@@ -53,7 +53,7 @@ struct MlaOut {
 };
 MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
                   std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
-                  std::vector<float> const& gate, int gate_mode, int kernel = 0, int min_chunk = 0);
+                  std::vector<float> const& gate, int gate_mode, int kernel = 0, int min_chunk = 0, int combine = 0);
 
 struct RouterOut {
   std::vector<int> idx;

@@ -203,8 +203,10 @@ void rope_ref(float* x, int dim, std::int64_t pos, double theta) {  // as cpu::r
 // tensor cores on swizzled cache tiles (kernel 2's bits); kernel 4: kernel 3 with two tiles per pass (its online softmax
 // steps over 64 tokens, so other roundings of P: checked against the reference only); kernels 5 and 6: kernels 3 and 4
 // with Q̂'s loads issued before the tile copies (their bits).
-// min_chunk 0: the kernel's default split size.
-void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0) {
+// min_chunk 0: the kernel's default split size. combine 1: the splits meet in mla_combine_wide_kernel (another summation
+// order: checked against the reference).
+void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int kernel = 1, int min_chunk = 0,
+              int combine = 0) {
   int const H = d.heads, L = d.latent(), r = d.rank;
   std::vector<float> deq;
   auto kvb = make_matrix(MatFormat::kFp8Block, randn(std::size_t(H) * (d.nope + d.v) * r, 0.05f), std::int64_t(H) * (d.nope + d.v), r, &deq);
@@ -212,7 +214,7 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   std::vector<std::uint16_t> cache(std::size_t(pos * L));
   for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
   auto gate = randn(std::size_t(gate_mode == 2 ? H * d.v : H));
-  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk);
+  auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk, combine);
   // reference (double where it matters): new row, q̂, attention over pos+1 rows, W_UV, gate
   std::vector<float> row(static_cast<std::size_t>(L));
   double ss = 0;
@@ -262,13 +264,13 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   CHECK(rel_l2(got.q_hat, qhat_ref) < 1e-5);
   double const err = rel_l2(got.out, out);
   MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << " min chunk " << min_chunk
-                         << ": rel L2 " << err);
+                         << " combine " << combine << ": rel L2 " << err);
   CHECK(err < (kernel >= 2 ? 1e-2 : 1e-4));
   if (kernel == 3 || kernel == 5 || kernel == 6) {
     // the swizzled tiles feed the same MMAs the same values in the same order: kernel 2's bits; where Q̂'s loads are
     // issued changes no value: kernel 3's and 4's bits
     int const same = kernel == 3 ? 2 : kernel - 2;
-    auto const base = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, same, min_chunk);
+    auto const base = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, same, min_chunk, combine);
     CHECK(base.out == got.out);
   }
 }
@@ -316,8 +318,15 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("Q̂ first, two tiles per pass: 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 6); }
   SUBCASE("Q̂ first, two tiles per pass: 2948 tokens, 3 splits") { mla_case(ling, 2947, 3, 1, 6); }
   SUBCASE("Q̂ first: rope 32 (latent 544: padded), 1000 tokens") { mla_case(r32, 999, 16, 1, 5); }
+  // the wide combine: 79 and 125 splits used (2 to 4 per group of 32, predicated within one batch of 5), 4, one,
+  // and the CUDA-core kernel at rank 32 (one block of columns)
+  SUBCASE("wide combine: 5000 tokens, 132 splits (79 used)") { mla_case(ling, 5000, 132, 1, 3, 0, 1); }
+  SUBCASE("wide combine: 20000 tokens, 132 splits of 160 (125 used)") { mla_case(ling, 19999, 132, 1, 3, 0, 1); }
+  SUBCASE("wide combine: 700 tokens, 4 splits") { mla_case(ling, 700, 4, 1, 3, 0, 1); }
+  SUBCASE("wide combine: first token") { mla_case(ling, 0, 8, 1, 3, 0, 1); }
   cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};
   SUBCASE("small dims, element-wise gate") { mla_case(small, 300, 3, 2); }
+  SUBCASE("small dims, element-wise gate, wide combine") { mla_case(small, 300, 3, 2, 1, 0, 1); }
   cuda::MlaDims nope{4, 16, 8, 24, 32, false, 10000.0, 1e-6f};
   SUBCASE("no rope, no gate") { mla_case(nope, 40, 2, 0); }
 }

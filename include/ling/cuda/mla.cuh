@@ -430,6 +430,75 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   a.o_lat[std::int64_t(h) * r + col] = num / den;
 }
 
+// The same combine with the splits' partial outputs read in one round trip (MlaDecodeArgs::combine 1, LING_MLA_COMBINE=1
+// in the model; not yet measured). mla_combine_kernel gives each column one thread, which reads the `used` splits'
+// values in batches of 16 dependent on nothing but issued batch after batch: at 132 splits ~9 L2 round trips, with
+// 128 blocks of 4 warps (2 MB in flight for 8.65 MB of partial outputs at Ling's shape). Here a block takes 32 columns
+// of one head: thread (g, q) reads float4 q of the columns from splits g, g + 32, ... (≤ 5 at 132 splits, all issued
+// at once), and the 32 groups' sums meet in a fixed tree (deterministic, another order than mla_combine_kernel's).
+// Grid (H, r / 32), 256 threads; r a multiple of 32, part_o and o_lat 16-byte aligned.
+inline constexpr int kCombineGroups = 32, kCombineUnroll = 5;
+__global__ void __launch_bounds__(256) mla_combine_wide_kernel(MlaDecodeArgs a) {
+  extern __shared__ float ws[];
+  __shared__ float scratch[32];
+  __shared__ float4 part[kCombineGroups][8];
+  int const h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int const q = tid & 7, grp = tid >> 3, col = blockIdx.y * 32 + 4 * q;
+  int const H = a.d.heads, r = a.d.rank;
+  ops::pdl_trigger();
+  ops::pdl_wait();
+  std::int64_t const len = std::int64_t(*a.position) + 1;
+  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
+  int const used = int((len + chunk - 1) / chunk);
+  float m = -INFINITY;
+  for (int s = tid; s < used; s += blockDim.x) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
+  m = dev::warp_max(m);
+  if (lane == 0) scratch[warp] = m;
+  __syncthreads();
+  m = scratch[0];
+  for (int w = 1; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
+  float den = 0.f;
+  for (int s = tid; s < used; s += blockDim.x) {
+    float const w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
+    ws[s] = w;
+    den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];
+  }
+  den = dev::block_sum(den, scratch);  // its barriers also publish ws
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float const* po = a.part_o + std::int64_t(h) * r + col;
+  std::int64_t const stride = std::int64_t(H) * r;
+  for (int s0 = grp; s0 < used; s0 += kCombineGroups * kCombineUnroll) {
+    float4 v[kCombineUnroll];
+#pragma unroll
+    for (int k = 0; k < kCombineUnroll; ++k) {
+      int const s = s0 + k * kCombineGroups;
+      v[k] = s < used ? *reinterpret_cast<float4 const*>(po + s * stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kCombineUnroll; ++k) {
+      int const s = s0 + k * kCombineGroups;
+      float const w = s < used ? ws[s] : 0.f;
+      acc.x = fmaf(w, v[k].x, acc.x), acc.y = fmaf(w, v[k].y, acc.y);
+      acc.z = fmaf(w, v[k].z, acc.z), acc.w = fmaf(w, v[k].w, acc.w);
+    }
+  }
+  part[grp][q] = acc;
+  __syncthreads();
+#pragma unroll
+  for (int half = kCombineGroups / 2; half > 0; half >>= 1) {
+    if (grp < half) {
+      float4 const o = part[grp + half][q];
+      float4& p = part[grp][q];
+      p.x += o.x, p.y += o.y, p.z += o.z, p.w += o.w;
+    }
+    __syncthreads();
+  }
+  if (grp == 0) {
+    float4 const t = part[0][q];
+    *reinterpret_cast<float4*>(a.o_lat + std::int64_t(h) * r + col) = make_float4(t.x / den, t.y / den, t.z / den, t.w / den);
+  }
+}
+
 // O[h·dv + i] = (W_UV,h o_lat,h)[i] · gate: gate_mode 0 none, 1 head-wise sigmoid(gate[h]), 2 element-wise.
 template <MatFormat F>
 __global__ void __launch_bounds__(256) mla_uv_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
@@ -603,8 +672,15 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   }
   check_launch("mla_attend");
   std::size_t const combine_smem = sizeof(float) * std::size_t(a.splits > 0 ? a.splits : 1);
-  ops::allow_smem(mla_combine_kernel, combine_smem);
-  ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, combine_smem, st, b);
+  bool const wide = a.combine == 1 && a.d.rank % 32 == 0 && reinterpret_cast<std::uintptr_t>(a.part_o) % 16 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
+  if (wide) {
+    ops::allow_smem(mla_combine_wide_kernel, combine_smem);
+    ops::launch(mla_combine_wide_kernel, dim3(unsigned(a.d.heads), unsigned(a.d.rank / 32)), 256, combine_smem, st, b);
+  } else {
+    ops::allow_smem(mla_combine_kernel, combine_smem);
+    ops::launch(mla_combine_kernel, dim3(unsigned(a.d.heads), unsigned((a.d.rank + 127) / 128)), 128, combine_smem, st, b);
+  }
   check_launch("mla_combine");
   bool const uv_vec = vec && reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
   ops::dispatch_format(a.kv_b.format, [&](auto f) {

@@ -44,6 +44,8 @@ struct MlaDecodeArgs {
                               // them
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
   int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
+  int combine = 0;            // the splits' combine: 0 a thread per column, 1 the partial outputs in one round trip
+                              // (mla_combine_wide_kernel; rank a multiple of 32; measurements)
 };
 
 // Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens

@@ -645,6 +645,7 @@ class CudaModel {
         ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
         ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
+        ma.combine = mla_env().combine;
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -701,9 +702,10 @@ class CudaModel {
   //  tensor-core one with swizzled cache tiles (the automatic choice at Ling's shape); A/B measurements: =4 that with
   //  two tiles per pass, =5 with Q̂'s loads before the tile copies, =6 with both (MlaDecodeArgs::kernel);
   //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
-  //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math only).
+  //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math only);
+  //  LING_MLA_COMBINE=1: the splits' combine with the partial outputs in one round trip (A/B measurements).
   struct MlaEnv {
-    int kernel = 0, min_chunk = 0, diag = 0;
+    int kernel = 0, min_chunk = 0, diag = 0, combine = 0;
   };
   static MlaEnv const& mla_env() {
     static MlaEnv const e = [] {
@@ -711,7 +713,7 @@ class CudaModel {
         char const* v = std::getenv(name);
         return v ? std::atoi(v) : 0;
       };
-      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_DIAG")};
+      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_DIAG"), read("LING_MLA_COMBINE")};
     }();
     return e;
   }
