@@ -395,18 +395,14 @@ __global__ void mla_attend_kernel(MlaDecodeArgs a) {
   }
 }
 
-// Block (head, 128 columns): the split weights exp(m_s − m) and the denominator once per block (shared memory), then
-// each column is one pass of independent loads over the splits. Dynamic shared memory: `splits` floats.
-__global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
-  extern __shared__ float ws[];
-  __shared__ float scratch[32];
-  int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int const H = a.d.heads, r = a.d.rank;
-  ops::pdl_trigger();
-  ops::pdl_wait();
+// The combine's split weights for head h (after the PDL wait): ws[s] = exp(m_s − m) for the `used` splits, m their
+// largest running max, in shared memory; returns the denominator Σ ws[s] · l_s to every thread of the block (whose
+// barriers also publish ws).
+__device__ inline float mla_combine_weights(MlaDecodeArgs const& a, int h, float* ws, float* scratch, int& used) {
+  int const tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, H = a.d.heads;
   std::int64_t const len = std::int64_t(*a.position) + 1;
   std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
-  int const used = int((len + chunk - 1) / chunk);
+  used = int((len + chunk - 1) / chunk);
   float m = -INFINITY;
   for (int s = tid; s < used; s += blockDim.x) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
   m = dev::warp_max(m);
@@ -420,7 +416,20 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
     ws[s] = w;
     den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];
   }
-  den = dev::block_sum(den, scratch);  // its barriers also publish ws
+  return dev::block_sum(den, scratch);
+}
+
+// Block (head, 128 columns): the split weights exp(m_s − m) and the denominator once per block (shared memory), then
+// each column is one pass of independent loads over the splits. Dynamic shared memory: `splits` floats.
+__global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
+  extern __shared__ float ws[];
+  __shared__ float scratch[32];
+  int const h = blockIdx.x, col = blockIdx.y * 128 + threadIdx.x;
+  int const H = a.d.heads, r = a.d.rank;
+  ops::pdl_trigger();
+  ops::pdl_wait();
+  int used = 0;
+  float const den = mla_combine_weights(a, h, ws, scratch, used);
   if (col >= r) return;
   float const* po = a.part_o + std::int64_t(h) * r + col;
   std::int64_t const stride = std::int64_t(H) * r;
@@ -442,28 +451,13 @@ __global__ void __launch_bounds__(256) mla_combine_wide_kernel(MlaDecodeArgs a) 
   extern __shared__ float ws[];
   __shared__ float scratch[32];
   __shared__ float4 part[kCombineGroups][8];
-  int const h = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int const h = blockIdx.x, tid = threadIdx.x;
   int const q = tid & 7, grp = tid >> 3, col = blockIdx.y * 32 + 4 * q;
   int const H = a.d.heads, r = a.d.rank;
   ops::pdl_trigger();
   ops::pdl_wait();
-  std::int64_t const len = std::int64_t(*a.position) + 1;
-  std::int64_t const chunk = mla_chunk(len, a.splits, a.min_chunk);
-  int const used = int((len + chunk - 1) / chunk);
-  float m = -INFINITY;
-  for (int s = tid; s < used; s += blockDim.x) m = fmaxf(m, a.part_ml[(std::int64_t(s) * H + h) * 2]);
-  m = dev::warp_max(m);
-  if (lane == 0) scratch[warp] = m;
-  __syncthreads();
-  m = scratch[0];
-  for (int w = 1; w < int(blockDim.x >> 5); ++w) m = fmaxf(m, scratch[w]);
-  float den = 0.f;
-  for (int s = tid; s < used; s += blockDim.x) {
-    float const w = __expf(a.part_ml[(std::int64_t(s) * H + h) * 2] - m);
-    ws[s] = w;
-    den += w * a.part_ml[(std::int64_t(s) * H + h) * 2 + 1];
-  }
-  den = dev::block_sum(den, scratch);  // its barriers also publish ws
+  int used = 0;
+  float const den = mla_combine_weights(a, h, ws, scratch, used);
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
   float const* po = a.part_o + std::int64_t(h) * r + col;
   std::int64_t const stride = std::int64_t(H) * r;
