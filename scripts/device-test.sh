@@ -99,10 +99,10 @@ if [ $BENCH = 1 ]; then
           --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($1): rc=$?"
     }
     for v in ${LING_CTX0_VARIANTS-}; do variant_bench "$v" 0; done
-    # A/B at every context, in the same format; by default the MLA attention's variants of session 23 (two tiles per
-    # pass, Q̂'s loads first, both; the wide combine) against the default, two rounds (docs/performance.md, session 23's
-    # next step 1)
-    MV="LING_MLA_KERNEL=4 LING_MLA_KERNEL=5 LING_MLA_KERNEL=6 LING_MLA_COMBINE=1 X=1"
+    # A/B at every context, in the same format; by default session 23's MLA attention and combine (kernel 3, a thread
+    # per column) and two tiles per pass with Q̂'s loads first (kernel 6) against the default, two rounds
+    # (docs/performance.md, session 24)
+    MV="LING_MLA_KERNEL=3,LING_MLA_COMBINE=1 LING_MLA_KERNEL=6 X=1"
     for v in ${LING_LONG_VARIANTS-$MV $MV}; do variant_bench "$v" 0,4096,32768,131072; done
     # step timelines of launch A (LING_TRACE_VARIANTS, same format, none by default; each with LING_TRACE_MOEA=5, the
     # copies issued, and =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py

@@ -439,13 +439,16 @@ __global__ void __launch_bounds__(128) mla_combine_kernel(MlaDecodeArgs a) {
   a.o_lat[std::int64_t(h) * r + col] = num / den;
 }
 
-// The same combine with the splits' partial outputs read in one round trip (MlaDecodeArgs::combine 1, LING_MLA_COMBINE=1
-// in the model; not yet measured). mla_combine_kernel gives each column one thread, which reads the `used` splits'
+// The same combine with the splits' partial outputs read in one round trip (the automatic choice since session 24;
+// MlaDecodeArgs::combine 1 forces mla_combine_kernel). mla_combine_kernel gives each column one thread, which reads the `used` splits'
 // values in batches of 16 dependent on nothing but issued batch after batch: at 132 splits ~9 L2 round trips, with
 // 128 blocks of 4 warps (2 MB in flight for 8.65 MB of partial outputs at Ling's shape). Here a block takes 32 columns
 // of one head: thread (g, q) reads float4 q of the columns from splits g, g + 32, ... (≤ 5 at 132 splits, all issued
 // at once), and the 32 groups' sums meet in a fixed tree (deterministic, another order than mla_combine_kernel's).
 // Grid (H, r / 32), 256 threads; r a multiple of 32, part_o and o_lat 16-byte aligned.
+// Measured in the model (H200, 2026-12-03, 3 reps, alternated, two rounds): 2.447 / 2.690 against 2.505 / 2.755 ms/token
+// at contexts 32768 / 131072, but 2.312 against 2.306 at context 0, where one split is used and the 32 groups' tree
+// (5 barriers) was all the work; the tree now spans only the groups that read a split.
 inline constexpr int kCombineGroups = 32, kCombineUnroll = 5;
 __global__ void __launch_bounds__(256) mla_combine_wide_kernel(MlaDecodeArgs a) {
   extern __shared__ float ws[];
@@ -478,8 +481,11 @@ __global__ void __launch_bounds__(256) mla_combine_wide_kernel(MlaDecodeArgs a) 
   }
   part[grp][q] = acc;
   __syncthreads();
-#pragma unroll
-  for (int half = kCombineGroups / 2; half > 0; half >>= 1) {
+  // the tree spans the groups that read a split (the others hold zeros): none past group 0 at one split (short
+  // contexts), 32 from 32 splits on; `used` is the same in every thread, so the barriers are uniform
+  int span = 1;
+  while (span < used && span < kCombineGroups) span <<= 1;
+  for (int half = span / 2; half > 0; half >>= 1) {
     if (grp < half) {
       float4 const o = part[grp + half][q];
       float4& p = part[grp][q];
@@ -636,15 +642,15 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   if (mma) {
     bool const swz = a.kernel != 2 && a.d.latent() % 64 == 0;  // the swizzled tiles (kernel 2: the padded ones)
     int const tp = swz && (a.kernel == 4 || a.kernel == 6) ? 2 : 1;  // kernels 4 and 6: two tiles per pass
-    bool const qfirst = swz && (a.kernel == 5 || a.kernel == 6);      // Q̂'s loads before the tile copies
+    bool const qfirst = swz && a.kernel != 3 && a.kernel != 4;       // Q̂'s loads before the tile copies
     std::size_t smem = mla_mma_smem(a.d, tp);  // the padded tiles' size: an upper bound for the swizzled ones
     auto kernel = !swz                ? mla_attend_mma_kernel<false>
                   : tp == 2 && qfirst ? mla_attend_mma_kernel<true, 0, 2, true>
                   : tp == 2           ? mla_attend_mma_kernel<true, 0, 2>
+                  : a.diag == 1       ? mla_attend_mma_kernel<true, 1>
+                  : a.diag == 2       ? mla_attend_mma_kernel<true, 2>
                   : qfirst            ? mla_attend_mma_kernel<true, 0, 1, true>
-                  : a.diag == 1 ? mla_attend_mma_kernel<true, 1>
-                  : a.diag == 2 ? mla_attend_mma_kernel<true, 2>
-                                : mla_attend_mma_kernel<true>;
+                                      : mla_attend_mma_kernel<true>;
     ops::allow_smem(kernel, smem);
     ops::launch(kernel, unsigned(a.splits), 256, smem, st, b);
   } else {
@@ -666,7 +672,7 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   }
   check_launch("mla_attend");
   std::size_t const combine_smem = sizeof(float) * std::size_t(a.splits > 0 ? a.splits : 1);
-  bool const wide = a.combine == 1 && a.d.rank % 32 == 0 && reinterpret_cast<std::uintptr_t>(a.part_o) % 16 == 0 &&
+  bool const wide = a.combine != 1 && a.d.rank % 32 == 0 && reinterpret_cast<std::uintptr_t>(a.part_o) % 16 == 0 &&
                     reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
   if (wide) {
     ops::allow_smem(mla_combine_wide_kernel, combine_smem);

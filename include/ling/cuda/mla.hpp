@@ -37,15 +37,16 @@ struct MlaDecodeArgs {
   float* part_o = nullptr;    // [splits, H, r]
   float* part_ml = nullptr;   // [splits, H, 2] (running max, sum)
   float* o_lat = nullptr;     // [H, r]
-  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows, swizzled tiles when the
-                              // latent is a multiple of 64), 1 CUDA cores, 2 tensor cores with padded cache tiles, 3 tensor
-                              // cores with swizzled cache tiles (latent a multiple of 64, else as 2); measurements: 4 as
-                              // 3 with two tiles per pass, 5 as 3 with Q̂'s loads before the tile copies, 6 as 4 with
-                              // them
+  int kernel = 0;             // attention kernel: 0 auto (tensor cores when the shape allows; when the latent is a
+                              // multiple of 64, swizzled tiles with Q̂'s loads before the tile copies, as 5), 1 CUDA
+                              // cores, 2 tensor cores with padded cache tiles, 3 tensor cores with swizzled cache tiles
+                              // (latent a multiple of 64, else as 2), 4 as 3 with two tiles per pass, 5 as 3 with Q̂'s
+                              // loads before the tile copies, 6 as 4 with them
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
   int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
-  int combine = 0;            // the splits' combine: 0 a thread per column, 1 the partial outputs in one round trip
-                              // (mla_combine_wide_kernel; rank a multiple of 32; measurements)
+  int combine = 0;            // the splits' combine: 0 auto (the partial outputs in one round trip, mla_combine_wide_kernel,
+                              // when the rank is a multiple of 32 and part_o, o_lat 16-byte aligned; else as 1), 1 a
+                              // thread per column (mla_combine_kernel)
 };
 
 // Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens

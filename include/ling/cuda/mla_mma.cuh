@@ -110,13 +110,16 @@ inline std::size_t mla_mma_smem(MlaDims const& d, int tiles_per_pass = 1) {
 // 8 tokens per lane in the softmax, 4 k-steps in P·C) and a token pays half the barriers and shuffle rounds. The price:
 // the kMlaStages buffers hold the pass's two tiles and the next pass's two, so tiles are requested one pass ahead
 // (all four before the first pass) instead of three tiles ahead, and a split's last pass may hold one tile.
-// Measured (H200, 2026-12-03, 3 reps, alternated with the default): 2.504 / 2.731 against 2.506 / 2.752 ms/token at
-// contexts 32768 / 131072; not yet at 0 and 4096.
-// kQFirst (MlaDecodeArgs::kernel 5 = 3 with it, 6 = 4 with it; swizzled tiles only; not yet measured): every Q̂ load of
+// Measured (H200, 2026-12-03, 3 reps, alternated with kernel 3, two rounds): 2.308 / 2.350 / 2.505 / 2.733 against
+// 2.306 / 2.354 / 2.505 / 2.755 ms/token at contexts 0 / 4096 / 32768 / 131072 (docs/performance.md, session 24).
+// kQFirst (the automatic choice since session 24, MlaDecodeArgs::kernel 0 or 5; 6 = 4 with it): every Q̂ load of
 // a thread (18 float4 at Ling's shape) is issued before the tile copies, and all at once. ncu of the default at context
 // 32768 (session 23) put 17% of the kernel's stall samples on the first use of Q̂'s first batch of loads: three
 // batches of 6, each requested after the ~110 KB of tile copies of the block's first three tiles, which an SM serves
-// first (docs/performance.md, session 21: an SM's loads are served in the order it requests them).
+// first (docs/performance.md, session 21: an SM's loads are served in the order it requests them). Measured (H200,
+// 2026-12-03, 3 reps, alternated, two rounds, ms/token at contexts 0 / 4096 / 32768 / 131072): 2.302 / 2.341 / 2.495 /
+// 2.741 against 2.306 / 2.354 / 2.505 / 2.755 for kernel 3; with two tiles per pass (kernel 6) 2.324 / 2.353 / 2.496 /
+// 2.722: the fastest at 131072, the slowest at 0.
 template <bool kSwz, int kDiag = 0, int kTP = 1, bool kQFirst = false>
 __global__ void __launch_bounds__(256, 1) mla_attend_mma_kernel(MlaDecodeArgs a) {
   using namespace mma_detail;

@@ -699,11 +699,12 @@ class CudaModel {
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
   //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one with padded cache tiles, =3 the
-  //  tensor-core one with swizzled cache tiles (the automatic choice at Ling's shape); A/B measurements: =4 that with
-  //  two tiles per pass, =5 with Q̂'s loads before the tile copies, =6 with both (MlaDecodeArgs::kernel);
+  //  tensor-core one with swizzled cache tiles; =4 that with two tiles per pass, =5 with Q̂'s loads before the tile
+  //  copies (the automatic choice at Ling's shape), =6 with both (MlaDecodeArgs::kernel);
   //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
   //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math only);
-  //  LING_MLA_COMBINE=1: the splits' combine with the partial outputs in one round trip (A/B measurements).
+  //  LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the partial
+  //  outputs in one round trip (A/B measurements).
   struct MlaEnv {
     int kernel = 0, min_chunk = 0, diag = 0, combine = 0;
   };
