@@ -78,7 +78,8 @@ if [ $SANITIZE = 1 ]; then
       t1=$(date +%s)
       echo "==== $(basename "$exe")" >>"$OUT/sanitize-$tool.log"
       (cd tests && timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$ROOT/$exe" >>"$OUT/sanitize-$tool.log" 2>&1)
-      res="$res $(basename "$exe")=rc$?/$(( $(date +%s) - t1 ))s"
+      rc=$?  # before any command substitution, which would set $? itself
+      res="$res $(basename "$exe")=rc$rc/$(( $(date +%s) - t1 ))s"
     done
     note "compute-sanitizer $tool:$res; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' ')"
   done
