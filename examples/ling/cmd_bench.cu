@@ -151,10 +151,10 @@ void cmd_bench(BenchArgs const& a) {
     rows.push_back(row);
   }
 
-  // 3b. LING_TRACE=path: one step's timeline at context 0 (per layer and region: blocks, first entry, last PDL-wait
-  // exit, last midpoint, last end; µs from the step's first traced entry) as CSV
+  // 3b. LING_TRACE=path: one step's timeline at the first of the contexts (per layer and region: blocks, first entry,
+  // last PDL-wait exit, last midpoint, last end; µs from the step's first traced entry) as CSV
   if (char const* tp = std::getenv("LING_TRACE"); tp && *tp && *tp != '0') {
-    model->fill_random_context(0, a.seed);
+    model->fill_random_context(contexts.empty() ? 0 : contexts.front(), a.seed);
     model->step(1);
     for (int w = 0; w < 3; ++w) model->step_greedy();
     auto const t = model->trace_step();
