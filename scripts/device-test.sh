@@ -69,17 +69,38 @@ if [ $CPU_TESTS = 1 ]; then
   note "cpu tests: $(grep -E 'tests passed|tests failed' "$OUT/cpu-tests.log" | tail -1)"
 fi
 if [ $SANITIZE = 1 ]; then
-  # LING_SANITIZE_TOOLS (default "memcheck racecheck"), LING_SANITIZE_TIMEOUT (s per executable and tool, default 300);
-  # an executable's exit: 0 clean, 9 the tool reported errors, 124 cut by the timeout (its log says how far it got)
+  # LING_SANITIZE_TOOLS (default "memcheck racecheck"), LING_SANITIZE_TIMEOUT (s per executable and tool, default 300),
+  # LING_SANITIZE_JOBS (runs at once, default 1: every executable under every tool is one run, each with its own log,
+  # joined per tool at the end); an executable's exit: 0 clean, 9 the tool reported errors, 124 cut by the timeout (its
+  # log says how far it got)
+  declare -a RUNS=()
   for tool in ${LING_SANITIZE_TOOLS:-memcheck racecheck}; do
-    res=""
     for exe in $(find $BUILD/tests -type f -executable -name 'test_cuda*' | sort); do
       [ -n "$TESTS" ] && ! [[ "$(basename "$exe")" =~ $TESTS ]] && continue
-      t1=$(date +%s)
-      echo "==== $(basename "$exe")" >>"$OUT/sanitize-$tool.log"
-      (cd tests && timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool $tool --error-exitcode 9 "$ROOT/$exe" >>"$OUT/sanitize-$tool.log" 2>&1)
-      rc=$?  # before any command substitution, which would set $? itself
-      res="$res $(basename "$exe")=rc$rc/$(( $(date +%s) - t1 ))s"
+      RUNS+=("$tool:$exe")
+    done
+  done
+  sanitize_one() {  # TOOL EXE: one run; its log and a line "rc seconds" in $OUT/san-TOOL-NAME.{log,rc}
+    local t1 rc n; t1=$(date +%s); n=$(basename "$2")
+    (cd tests && timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$1" --error-exitcode 9 "$ROOT/$2" \
+        >"$OUT/san-$1-$n.log" 2>&1)
+    rc=$?  # before any command substitution, which would set $? itself
+    echo "$rc $(( $(date +%s) - t1 ))" >"$OUT/san-$1-$n.rc"
+  }
+  for r in "${RUNS[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "${LING_SANITIZE_JOBS:-1}" ]; do sleep 1; done
+    sanitize_one "${r%%:*}" "${r#*:}" &
+  done
+  wait
+  for tool in ${LING_SANITIZE_TOOLS:-memcheck racecheck}; do
+    res=""
+    for r in "${RUNS[@]}"; do
+      [ "${r%%:*}" = "$tool" ] || continue
+      n=$(basename "${r#*:}")
+      { echo "==== $n"; cat "$OUT/san-$tool-$n.log"; } >>"$OUT/sanitize-$tool.log"
+      read -r rc secs <"$OUT/san-$tool-$n.rc"
+      res="$res $n=rc$rc/${secs}s"
+      rm -f "$OUT/san-$tool-$n.log" "$OUT/san-$tool-$n.rc"
     done
     note "compute-sanitizer $tool:$res; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' ')"
   done
