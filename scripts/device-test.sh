@@ -76,14 +76,17 @@ if [ $SANITIZE = 1 ]; then
   declare -a RUNS=()
   for tool in ${LING_SANITIZE_TOOLS:-memcheck racecheck}; do
     for exe in $(find $BUILD/tests -type f -executable -name 'test_cuda*' | sort); do
-      [ -n "$TESTS" ] && ! [[ "$(basename "$exe")" =~ $TESTS ]] && continue
+      SEL=${LING_SANITIZE_EXES:-$TESTS}  # LING_SANITIZE_EXES: a regex of executables for the sanitizer alone
+      [ -n "$SEL" ] && ! [[ "$(basename "$exe")" =~ $SEL ]] && continue
       RUNS+=("$tool:$exe")
     done
   done
   sanitize_one() {  # TOOL EXE: one run; its log and a line "rc seconds" in $OUT/san-TOOL-NAME.{log,rc}
     local t1 rc n; t1=$(date +%s); n=$(basename "$2")
-    (cd tests && timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$1" --error-exitcode 9 "$ROOT/$2" \
-        >"$OUT/san-$1-$n.log" 2>&1)
+    # LING_SANITIZER: the tests skip their speed checks; LING_SANITIZE_ARGS: arguments for every executable (doctest's
+    # filters, e.g. --test-case=..., when one executable is selected)
+    (cd tests && LING_SANITIZER=$1 timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+        "$ROOT/$2" ${LING_SANITIZE_ARGS:-} >"$OUT/san-$1-$n.log" 2>&1)
     rc=$?  # before any command substitution, which would set $? itself
     echo "$rc $(( $(date +%s) - t1 ))" >"$OUT/san-$1-$n.rc"
   }
@@ -135,7 +138,7 @@ if [ $BENCH = 1 ]; then
     MV="LING_MLA_KERNEL=3,LING_MLA_COMBINE=1 LING_MLA_KERNEL=6 X=1"
     for v in ${LING_LONG_VARIANTS-$MV $MV}; do variant_bench "$v" 0,4096,32768,131072; done
     # step timelines of launch A (LING_TRACE_VARIANTS, same format, none by default; each with LING_TRACE_MOEA=5, the
-    # copies issued, and =4, the last tile landed): the KDA layers' launch A line of tools/perf/trace_summary.py
+    # copies issued, and =4, the last tile landed): the KDA layers' launch A and launch B lines of tools/perf/trace_summary.py
     TV=${LING_TRACE_VARIANTS-}
     [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
 last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
@@ -143,7 +146,7 @@ last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
       for m in 5 4; do
         env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $BUILD/examples/ling bench --spec ling3-flash \
           --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
-        echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E 'kda:moeA')" \
+        echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E 'kda:moe[AB]' | tr '\n' ' ')" \
           >>"$OUT/ling-bench.md"
         rm -f "$OUT/trace.csv"
       done

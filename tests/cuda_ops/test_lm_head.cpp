@@ -100,6 +100,8 @@ TEST_CASE("read bandwidth: a plausible number for an HBM device") {
   LING_REQUIRE_GPU();
   auto r = cuda::measure_read_bandwidth<16>(static_cast<std::size_t>(1) << 30, 3);
   MESSAGE("read bandwidth over 1 GiB: " << r.gb_per_s << " GB/s");
-  CHECK(r.gb_per_s > 100.0);
   CHECK(r.gb_per_s < 20000.0);
+  // the lower bound is a speed check: compute-sanitizer's instrumented kernels run far below it (racecheck measured
+  // 48 GB/s); scripts/device-test.sh sets LING_SANITIZER for its sanitizer runs
+  if (std::getenv("LING_SANITIZER") == nullptr) CHECK(r.gb_per_s > 100.0);
 }
