@@ -1076,6 +1076,8 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // 2.342 ms/token against 2.365 / 2.363; aligned with the biased lookup 2.302 / 2.303 (the default since session 23).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
+// Measured and removed (session 25): two routed row pairs per lane group and pass on the biased lookup (each limb word
+// read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token.
 template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
@@ -1698,16 +1700,11 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // measured; the others keep the three staging calls).
 // Measured and removed (session 22, docs/kernels.md): the lanes' first-row codes and scale words copied into shared
 // memory (cp.async) once the one-batch staging's loads had returned, before the quantization (LING_MOE_B_EARLY=1):
-// 2.462 against 2.365 ms/token.
-// kEarly (with kOnce, kFull and R = 1; LING_MOE_B_ROWS_EARLY=1|2, trials of session 25): each lane loads the picks of
-// its own chunks in the staging's batch of loads, then 1: asks the L2 for its first row's codes and scale bytes
-// (prefetch.global.L2) as soon as the picks return, and loads them after the block barrier as before; 2: loads them
-// into registers right after the quantization, before the barrier. Both request the rows before the block barrier and
-// the chunk setup (the default requests them after). Loading them into registers before the quantization (measured,
-// session 25) made the quantization wait for the rows: the compiler's wait for the staged inputs also covered them
-// (the staging ended 4.3 instead of 1.4 µs after the PDL wait, 2.390 against 2.307 ms/token). The same sums in the
-// same order: the same bits (tested).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false, int kEarly = 0>
+// 2.462 against 2.365 ms/token. Session 25 (docs/kernels.md): each lane's picks loaded with the staging's loads and its
+// first row requested before the block barrier, into L2 (prefetch.global.L2) or into registers after the
+// quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
+// the staged inputs also covered the rows).
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1731,125 +1728,8 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, (rows - r < R ? rows - r : R) * srb);
     }
   }
-  // kEarly: each chunk's slot (lane + 32 u) / C in floating point, exact here (numerators below 256, so (q + 0.5) / C is
-  // at least 0.5 / C from an integer): the integer division's ~20 instructions per chunk were scheduled after the PDL
-  // wait, in front of the picks' loads
-  [[maybe_unused]] int su[kEarly ? kU : 1];
-  if constexpr (kEarly > 0) {
-    float const rc = __frcp_rn(float(C));
-#pragma unroll
-    for (int u = 0; u < kU; ++u) su[u] = int((float(lane + 32 * u) + 0.5f) * rc);
-  }
   pdl_wait();
   trace_mark(a.trace_b, 1);
-  if constexpr (kEarly > 0) {
-    static_assert(kOnce && kFull && R == 1, "the early rows take the one-batch staging's shape");
-    constexpr int kB = 3;  // stage_down_lane_once's mapping with three groups per thread (the launcher checks the limits)
-    auto const* const data0 = static_cast<char const*>(a.down.data);
-    auto const* const scales0 = static_cast<std::uint8_t const*>(a.down.scales);
-    int const tid = int(threadIdx.x), nt = int(blockDim.x), ngroups = nq * 8;
-    float const* const hs = h + std::int64_t(top_k) * inter;
-    int const end = int(round32(n_sh)), ns = a.has_shared ? int(a.sdown.cols) : 0;
-    // one batch of loads: the picks of this lane's chunks, the routed inputs, the shared expert's input
-    auto pick = [&](int u) {
-      int const e = __ldg(a.idx + su[u]);
-      return e >= 0 && e < a.down.count ? e : -1;
-    };
-    int eu[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) eu[u] = pick(u);
-    float4 hv[kB];
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      int const g = i * nt + tid;
-      hv[i] = g < ngroups ? __ldg(reinterpret_cast<float4 const*>(h) + g) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    int const c = 4 * tid;
-    float4 const x4 = c < end ? ld_x4(hs, c, ns) : make_float4(0.f, 0.f, 0.f, 0.f);
-    // this lane's first row: its chunks' bytes and scale bytes (a bad id reads expert 0; its weight turns NaN below)
-    auto off = [&](int u, int e) {
-      int const j = lane + 32 * u - su[u] * C;
-      return std::uint32_t(std::int64_t(e < 0 ? 0 : e) * a.down.data_stride + 16 * j);
-    };
-    auto soff = [&](int u, int e) {
-      int const j = lane + 32 * u - su[u] * C;
-      return std::uint32_t(std::int64_t(e < 0 ? 0 : e) * a.down.scale_stride + j);
-    };
-    uint4 v0[kU];
-    std::uint32_t sc0[kU];
-    auto load_first = [&] {
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        v0[u] = ld_stream(data0 + first * rb + off(u, eu[u]));
-        sc0[u] = __ldg(scales0 + first * C + soff(u, eu[u]));
-      }
-    };
-    if constexpr (kEarly == 1) {
-      if (first < rows) {
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          prefetch_l2(data0 + first * rb + off(u, eu[u]));
-          prefetch_l2(scales0 + first * C + soff(u, eu[u]));
-        }
-      }
-    }
-    // the staging's stores and quantization (stage_down_lane_once's, without the slots)
-    if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
-#pragma unroll
-    for (int i = 0; i < kB; ++i) {
-      if (i * nt >= ngroups) break;  // uniform
-      int const g = i * nt + tid;
-      q8_group(hv[i], g, g < ngroups, q, sx, 0.5f / 127.f);
-    }
-    if constexpr (kEarly == 2) {
-      if (first < rows) load_first();
-    }
-    e2m1_tables_store(s_tab);
-    __syncthreads();
-    trace_mark(a.trace_b, 2);
-    if constexpr (kEarly == 1) {
-      if (first < rows) load_first();
-    }
-    float f[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u)
-      f[u] = (pick(u) < 0 ? __uint_as_float(0x7FC00000u) : __ldg(a.weights + su[u])) * sx[lane + 32 * u];
-    std::uint32_t pos_lo, neg_lo;
-    e2m1_tables_load(s_tab, pos_lo, neg_lo);
-    // row r0 from its loaded chunks (the first row's were requested before the staging)
-    auto row_dot = [&](std::int64_t r0, uint4 const (&v)[kU], std::uint32_t const (&sc)[kU]) {
-      [[maybe_unused]] RowLoad<PS, 2> shared_row;
-      bool const early = shared_down_early<PS>(a);
-      if constexpr (has_fast_kernel<PS>) {
-        if (early) row_load(shared_row, a.sdown, r0);
-      }
-      float acc = 0.f;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        uint4 const vu[1] = {v[u]};
-        int2 d[1];
-        q8u_chunk<1>(vu, q + 9 * (lane + 32 * u), pos_lo, neg_lo, d);
-        acc = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(sc[u]) * f[u], acc);
-      }
-      acc = shared_down_add<PS>(a, shared_row, early, r0, xs, acc);
-      float const sum = warp_sum(acc);
-      if (lane == 0) out[r0] = residual ? residual[r0] + sum : sum;
-    };
-    if (first < rows) row_dot(first, v0, sc0);
-    for (std::int64_t r0 = first + stride; r0 < rows; r0 += stride) {
-      uint4 v[kU];
-      std::uint32_t sc[kU];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        int const e = pick(u);
-        v[u] = ld_stream(data0 + r0 * rb + off(u, e));
-        sc[u] = __ldg(scales0 + r0 * C + soff(u, e));
-      }
-      row_dot(r0, v, sc);
-    }
-    trace_end(a.trace_b);
-    return;
-  }
   // once: staged by stage_down_lane_once; uniform
   bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
   if (once) {
@@ -1941,9 +1821,6 @@ inline int moe_lane_rows() {
 // moe_down_lane_kernel's kOnce at Ling's shape (one row per warp, 192 chunks): on by default; LING_MOE_B_STAGE1=0 for
 // the three staging calls (A/B measurements).
 inline bool moe_down_stage_once() { return !env_off("LING_MOE_B_STAGE1"); }
-// LING_MOE_B_ROWS_EARLY=1|2: that instance with each lane's first row requested before the block barrier (kEarly:
-// 1 into L2, 2 into registers; trials of session 25), the same bits.
-inline int moe_b_rows_early() { return env_level("LING_MOE_B_ROWS_EARLY", 2); }
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>
@@ -1979,16 +1856,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
-      // the early rows need stage_down_lane_once's limits (checked here: the kernel has no fallback)
-      bool const early = moe_b_rows_early() && nq * 8 <= 3 * 32 * warps && round32(n_sh) <= 4 * 32 * warps &&
-                         (std::int64_t(a.top_k) * a.down.cols) % 4 == 0;
-      if (early) {
-        return moe_b_rows_early() == 1 ? go(moe_down_lane_kernel<KS, 6, true, 1, true, 1>)
-                                       : go(moe_down_lane_kernel<KS, 6, true, 1, true, 2>);
-      }
-      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
-    }
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
