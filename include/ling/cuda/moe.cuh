@@ -1077,14 +1077,10 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
 // Measured and removed (session 25): two routed row pairs per lane group and pass on the biased lookup (each limb word
-// read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token.
-// kPre (LING_MOE_ISSUE_PRE=1, a trial of session 25, not yet measured): the copies of each warp's first routed tile are
-// computed before the PDL wait but for the expert, whose term (e · stride, one IMAD.WIDE per copy) is all that is left
-// after the selection. The launcher takes it only when every expert stride is a multiple of 16 bytes, so that span16
-// of a source is span16 of its expert-free part plus e · stride. The selection's barrier was followed by ~250 SASS
-// instructions of lane 0 (a division by tiles_per_slot, 64-bit address products, the spans) before the first bulk
-// copy; the step timeline put the copies' issue 1.15 µs after the selection. The same copies: the same bits (tested).
-template <int kW, bool kBiased, int kDiag = 0, bool kPre = false>
+// read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
+// copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
+// selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
+template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1167,21 +1163,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (rmine) router_row_copy(a.router, rrow, rsm);
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
-  // kPre: tile `pre` (this warp's first routed one, if any) as four expert-free spans, the slot, the bytes
-  bool const pfirst = kPre && lane == 0 && pre < D && pre < mine;
-  [[maybe_unused]] Span16 pc[4] = {};
-  [[maybe_unused]] int pslot = 0;
-  if constexpr (kPre) {
-    if (pfirst) {
-      int const tr = tile_of(pre) - sp.shared_tiles;
-      pslot = tr / sp.tiles_per_slot;
-      std::int64_t const r0 = std::int64_t(tr - pslot * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
-      pc[0] = span16(static_cast<char const*>(a.gate.data) + r0 * rb, nr * rb);
-      pc[1] = span16(static_cast<char const*>(a.up.data) + r0 * rb, nr * rb);
-      pc[2] = span16(static_cast<char const*>(a.gate.scales) + r0 * nblk, nr * nblk);
-      pc[3] = span16(static_cast<char const*>(a.up.scales) + r0 * nblk, nr * nblk);
-    }
-  }
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1209,23 +1190,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
-  if constexpr (kPre) {
-    if (pfirst) {
-      int const e0 = s_idx[pslot];
-      std::int64_t const e = e0 < 0 ? 0 : e0;  // a bad id reads expert 0; its outputs turn NaN below
-      unsigned char* dst = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
-      std::uint64_t* const bar = bars + pre;
-      mbar_arrive_expect(bar, pc[0].bytes + pc[1].bytes + pc[2].bytes + pc[3].bytes);
-      std::int64_t const o1 = std::int64_t(R) * rb, o2 = 2 * std::int64_t(R) * rb, o3 = o2 + scap;
-      bulk_copy(dst, pc[0].src + e * a.gate.data_stride, pc[0].bytes, bar);
-      bulk_copy(dst + o1, pc[1].src + e * a.up.data_stride, pc[1].bytes, bar);
-      bulk_copy(dst + o2, pc[2].src + e * a.gate.scale_stride, pc[2].bytes, bar);
-      bulk_copy(dst + o3, pc[3].src + e * a.up.scale_stride, pc[3].bytes, bar);
-    }
-    for (int m = pre + 1; m < D && m < mine; ++m) issue(m);
-  } else {
-    for (int m = pre; m < D && m < mine; ++m) issue(m);
-  }
+  for (int m = pre; m < D && m < mine; ++m) issue(m);
   if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
   e2m1_tables_store(s_tab);
   stage_q8(q, sx, xs, nblk, kXPre);
@@ -1498,9 +1463,6 @@ inline int moe_stream_stage_cap() {
 // other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
 // step 1.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 2); }
-// LING_MOE_ISSUE_PRE=1: launch A's 16-warp biased instance with its first routed tile's copies computed before the PDL
-// wait (kPre; a trial of session 25), the same bits.
-inline bool moe_issue_pre() { return env_level("LING_MOE_ISSUE_PRE", 1) == 1; }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1651,10 +1613,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     // 2026-12-03; that instance is removed, and LING_MOE_STREAM_WARPS_A=20 then runs the 16-warp one)
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
-    // LING_MOE_ISSUE_PRE=1: the first routed tile's copies computed before the wait (kPre), with 16-byte expert strides
-    bool const s16 = a.gate.data_stride % 16 == 0 && a.up.data_stride % 16 == 0 && a.gate.scale_stride % 16 == 0 &&
-                     a.up.scale_stride % 16 == 0;
-    if (biased && s16 && moe_issue_pre()) return go(moe_gate_up_stream_kernel<16, true, 0, true>, 16);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
   }
 }
