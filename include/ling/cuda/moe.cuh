@@ -1075,7 +1075,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // selection (docs/kernels.md, session 22). Aligned (H200, 2026-12-03, context 0, alternated in one process): 2.346 /
 // 2.342 ms/token against 2.365 / 2.363; aligned with the biased lookup 2.302 / 2.303 (the default since session 23).
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
-// row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode.
+// row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode;
+// 3 skips the selection (fixed picks: experts k · experts / top_k), 4 also the router rows' dots and the grid barrier,
+// so that the step's time tells what a faster selection, or none, could gain (session 25's next step 1).
 // Measured and removed (session 25): two routed row pairs per lane group and pass on the biased lookup (each limb word
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
@@ -1172,7 +1174,10 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
-  if (rin) {
+  if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
+    cp_async_wait(0);
+    __syncthreads();
+  } else if (rin) {
     cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
     if (rmine) {
@@ -1187,7 +1192,20 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
-  moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
+  if constexpr (kDiag >= 3) {  // measurements only: fixed picks, evenly spaced experts, equal weights
+    int const t = int(threadIdx.x);
+    if (t < a.top_k) {
+      int const e = t * (a.route.experts / a.top_k);
+      s_idx[t] = e;
+      if (b == 0 && a.sel_idx) {
+        a.sel_idx[t] = e;
+        a.sel_w[t] = 1.0f / float(a.top_k);
+      }
+    }
+    __syncthreads();
+  } else {
+    moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
+  }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
   for (int m = pre; m < D && m < mine; ++m) issue(m);
@@ -1459,10 +1477,11 @@ inline int moe_stream_stage_cap() {
   int const n = e && *e ? std::atoi(e) : 0;
   return n >= 1 ? n : kStreamMaxStages;
 }
-// LING_MOE_DIAG_A=1|2 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, either lookup;
-// other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md, session 20's next
-// step 1.
-inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 2); }
+// LING_MOE_DIAG_A=1|2|3|4 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, either
+// lookup; other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md,
+// session 20's next step 1. With the biased lookup and fused routing: fixed picks instead of the selection (3), and no
+// router dots or grid barrier either (4); session 25's next step 1.
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 4); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1606,6 +1625,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       return true;
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
+      if (biased && diag >= 3 && a.route.logits && a.route.experts >= a.top_k)  // fused routing only (launch B reads sel_idx)
+        return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
       if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
       return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
     }
