@@ -74,9 +74,9 @@ if [ $SANITIZE = 1 ]; then
   # joined per tool at the end); an executable's exit: 0 clean, 9 the tool reported errors, 124 cut by the timeout (its
   # log says how far it got)
   declare -a RUNS=()
+  SEL=${LING_SANITIZE_EXES:-$TESTS}  # LING_SANITIZE_EXES: a regex of executables for the sanitizer alone
   for tool in ${LING_SANITIZE_TOOLS:-memcheck racecheck}; do
     for exe in $(find $BUILD/tests -type f -executable -name 'test_cuda*' | sort); do
-      SEL=${LING_SANITIZE_EXES:-$TESTS}  # LING_SANITIZE_EXES: a regex of executables for the sanitizer alone
       [ -n "$SEL" ] && ! [[ "$(basename "$exe")" =~ $SEL ]] && continue
       RUNS+=("$tool:$exe")
     done
