@@ -1625,10 +1625,13 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       return true;
     };
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
-      if (biased && diag >= 3 && a.route.logits && a.route.experts >= a.top_k)  // fused routing only (launch B reads sel_idx)
+      if (diag <= 2) {
+        if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
+        return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
+      }
+      // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
+      if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
-      if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
-      return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
     }
     // 20 warps: q8_chunk only (with the biased lookup it measured 2.577 against 2.306 ms/token for 16 warps, H200,
     // 2026-12-03; that instance is removed, and LING_MOE_STREAM_WARPS_A=20 then runs the 16-warp one)
