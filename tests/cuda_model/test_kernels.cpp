@@ -421,6 +421,72 @@ TEST_CASE("fused MoE (MXFP4 routed + FP8 shared, clamps) matches a double refere
   CHECK(rel_l2(got, ref) < 1e-4);
 }
 
+// MoE launch B fused into launch A (kernels::fused_down_tail: a second grid barrier; each warp copies its down rows
+// into its ring during launch A's decode): the same bits as launch B in its own launch, and within 1e-4 of a double
+// reference from the picks launch A wrote. Ling's shape (8 × 768 / 32 = 192 chunks per down row: the kU = 6 instance;
+// 2 560 rows on 132 × 16 warps, so some warps take two) and a small one (the kU = 8 instance, the SwiGLU clamps on).
+TEST_CASE("MoE launch B fused into launch A gives launch B's bits") {
+  LING_REQUIRE_GPU();
+  struct Shape {
+    std::int64_t E, I, hidden, Is;
+    int top_k;
+    float limit;
+  };
+  for (Shape const sh : {Shape{10, 768, 2560, 768, 8, 0.f}, Shape{6, 64, 96, 64, 3, 1.5f}}) {
+    CAPTURE(sh.hidden);
+    std::int64_t const E = sh.E, I = sh.I, hidden = sh.hidden, Is = sh.Is;
+    std::vector<HostMatrix> gm, um, dm;
+    std::vector<std::vector<float>> gd, ud, dd;
+    for (std::int64_t e = 0; e < E; ++e) {
+      std::vector<float> a, b, c;
+      gm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, &a));
+      um.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, &b));
+      dm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, &c));
+      gd.push_back(std::move(a)), ud.push_back(std::move(b)), dd.push_back(std::move(c));
+    }
+    std::vector<float> sgd, sud, sdd;
+    std::vector<HostMatrix> shared = {make_matrix(MatFormat::kFp8Block, randn(std::size_t(Is * hidden), 0.3f), Is, hidden, &sgd),
+                                      make_matrix(MatFormat::kFp8Block, randn(std::size_t(Is * hidden), 0.3f), Is, hidden, &sud),
+                                      make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * Is), 0.3f), hidden, Is, &sdd)};
+    HostMatrix const router = make_matrix(MatFormat::kBf16, randn(std::size_t(E * hidden), 0.3f), E, hidden, nullptr);
+    auto bias = randn(std::size_t(E), 0.1f);
+    auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
+    float const L = sh.limit;
+    auto fused = moe_routed(gm, um, dm, shared, router, bias, x, nw, 1, 1, sh.top_k, L, 2 * L, res, true);
+    auto two = moe_routed(gm, um, dm, shared, router, bias, x, nw, 1, 1, sh.top_k, L, 2 * L, res, false);
+    CHECK(fused.fused);
+    CHECK_FALSE(two.fused);
+    CHECK(fused.idx == two.idx);
+    CHECK(fused.w == two.w);
+    CHECK(fused.out == two.out);  // bit for bit (a NaN anywhere fails: NaN != NaN)
+    // the reference, from the picks
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    std::vector<double> u(static_cast<std::size_t>(hidden));
+    for (std::int64_t i = 0; i < hidden; ++i) u[i] = x[i] / std::sqrt(ss / hidden + 1e-6) * nw[i];
+    auto expert = [&](std::vector<double>& ref, std::vector<float> const& g, std::vector<float> const& up, std::vector<float> const& dw,
+                      std::int64_t inter, double lim, double wt) {
+      auto gy = ref_matvec(g, inter, hidden, u), uy = ref_matvec(up, inter, hidden, u);
+      std::vector<double> act(static_cast<std::size_t>(inter));
+      for (std::int64_t i = 0; i < inter; ++i) {
+        double s = gy[i] / (1 + std::exp(-gy[i])), b = uy[i];
+        if (lim > 0) s = std::min(s, lim), b = std::clamp(b, -lim, lim);
+        act[i] = s * b;
+      }
+      auto y = ref_matvec(dw, hidden, inter, act);
+      for (std::int64_t i = 0; i < hidden; ++i) ref[i] += wt * y[i];
+    };
+    std::vector<double> ref(res.begin(), res.end());
+    for (int j = 0; j < sh.top_k; ++j) {
+      int const e = two.idx[std::size_t(j)];
+      REQUIRE((e >= 0 && e < E));
+      expert(ref, gd[std::size_t(e)], ud[std::size_t(e)], dd[std::size_t(e)], I, L, two.w[std::size_t(j)]);
+    }
+    expert(ref, sgd, sud, sdd, Is, 2 * L, 1.0);
+    CHECK(rel_l2(fused.out, ref) < 1e-4);
+  }
+}
+
 TEST_CASE("MLA decode refuses the tensor-core attention for a shape it does not cover, naming what it needs") {
   LING_REQUIRE_GPU();
   cuda::MlaDims small{4, 16, 8, 16, 32, true, 10000.0, 1e-6f};  // 4 heads, kv_lora_rank 32
