@@ -143,10 +143,12 @@ if [ $BENCH = 1 ]; then
     [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
 last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
     for v in $TV; do
-      for m in ${LING_TRACE_MARKS:-5 4}; do  # LING_TRACE_MARKS: the LING_TRACE_MOEA marks (6: launch B fused in)
+      # LING_TRACE_MARKS: the LING_TRACE_MOEA marks (6: launch B fused in); LING_TRACE_REGIONS: a regex of the
+      # trace_summary.py lines to keep
+      for m in ${LING_TRACE_MARKS:-5 4}; do
         env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $BUILD/examples/ling bench --spec ling3-flash \
           --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
-        echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E 'kda:moe[AB]' | tr '\n' ' ')" \
+        echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E "${LING_TRACE_REGIONS:-kda:moe[AB]}" | tr '\n' ' ')" \
           >>"$OUT/ling-bench.md"
         rm -f "$OUT/trace.csv"
       done

@@ -1137,14 +1137,20 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // block scales go to registers.
 inline constexpr int kFuseRowsB = 2;  // Ling: 2 560 down rows on 2 112 warps
 // The ring's layout: routed chunks at 0, scale words at fuse_b_scales_at, shared chunks at fuse_b_shared_at (16-byte
-// aligned), fuse_b_ring_bytes in all.
+// aligned), the shared chunks' block scales (floats) at fuse_b_shsc_at; fuse_b_ring_bytes in all.
 __host__ __device__ constexpr std::int64_t fuse_b_scales_at(int nq) { return std::int64_t(kFuseRowsB) * nq * 16; }
 __host__ __device__ constexpr std::int64_t fuse_b_shared_at(int nq) {
   return fuse_b_scales_at(nq) + (std::int64_t(kFuseRowsB) * nq * 4 + 15) / 16 * 16;
 }
-__host__ __device__ constexpr std::int64_t fuse_b_ring_bytes(int nq, int nsh) {
+__host__ __device__ constexpr std::int64_t fuse_b_shsc_at(int nq, int nsh) {
   return fuse_b_shared_at(nq) + std::int64_t(kFuseRowsB) * nsh * 16;
 }
+__host__ __device__ constexpr std::int64_t fuse_b_ring_bytes(int nq, int nsh) {
+  return fuse_b_shsc_at(nq, nsh) + std::int64_t(kFuseRowsB) * nsh * 4;
+}
+// Compact on purpose (loops over rows and copies not unrolled): the tail runs once per warp, so its code is fetched
+// cold; the first version, unrolled, added 4 320 SASS instructions to launch A (11 800 against 7 480) and measured
+// 2.727 against 2.304 ms/token, the blocks' B phase ~8 µs after the second barrier (docs/kernels.md).
 template <class PS, int kU, bool kFull>
 __device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h, int const* s_idx, float const* s_w,
                                                 unsigned char* ring, float* xs, std::uint32_t pos_lo, std::uint32_t neg_lo) {
@@ -1161,38 +1167,28 @@ __device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h
   unsigned char* const bd = ring;                                                         // [rows][nq][16]
   std::uint32_t* const bs = reinterpret_cast<std::uint32_t*>(ring + fuse_b_scales_at(nq));  // [rows][nq]
   unsigned char* const bsh = ring + fuse_b_shared_at(nq);                                 // [rows][nsh][16]
+  float* const bshs = reinterpret_cast<float*>(ring + fuse_b_shsc_at(nq, nsh));          // [rows][nsh]
   auto const* const sd = static_cast<char const*>(a.sdown.data);
   // chunk q's expert (a bad id reads expert 0; its weight is NaN below) and its scale byte's address in row r
   auto expert = [&](int s) { return s_idx[s] < 0 ? 0 : s_idx[s]; };
   auto scale_at = [&](int e, std::int64_t r, int j) {
     return reinterpret_cast<std::uintptr_t>(batch_scales<quant::Mxfp4>(a.down, e)) + std::uintptr_t(r * C + j);
   };
-  [[maybe_unused]] float shsc[kFuseRowsB][2] = {};
   __syncwarp();  // every lane has read its ring (the routed tiles) before the copies overwrite it
-#pragma unroll
-  for (int k = 0; k < kFuseRowsB; ++k) {
-    if (k >= nr) break;
+#pragma unroll 1
+  for (int k = 0; k < nr; ++k) {
     std::int64_t const r = gw + k * GW;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      int const q = lane + 32 * u;
-      if (kFull || q < nq) {
-        int const s = q / C, j = q - s * C, e = expert(s);
-        cp_async16(bd + (std::int64_t(k) * nq + q) * 16,
-                   static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + r * rb + 16 * j);
-        cp_async4(bs + k * nq + q, reinterpret_cast<void const*>(scale_at(e, r, j) & ~std::uintptr_t(3)));
-      }
+#pragma unroll 1
+    for (int q = lane; q < nq; q += 32) {
+      int const s = q / C, j = q - s * C, e = expert(s);
+      cp_async16(bd + (std::int64_t(k) * nq + q) * 16, static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + r * rb + 16 * j);
+      cp_async4(bs + k * nq + q, reinterpret_cast<void const*>(scale_at(e, r, j) & ~std::uintptr_t(3)));
     }
     if constexpr (has_fast_kernel<PS>) {
-      if (early) {
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {
-          int const jj = lane + 32 * u;
-          if (jj < nsh) {
-            cp_async16(bsh + (std::int64_t(k) * nsh + jj) * 16, sd + r * srb + 16 * jj);
-            shsc[k][u] = FastOps<PS>::chunk_scale(a.sdown.scales, a.sdown, r, jj);
-          }
-        }
+#pragma unroll 1
+      for (int jj = lane; jj < nsh; jj += 32) {
+        cp_async16(bsh + (std::int64_t(k) * nsh + jj) * 16, sd + r * srb + 16 * jj);
+        bshs[k * nsh + jj] = FastOps<PS>::chunk_scale(a.sdown.scales, a.sdown, r, jj);
       }
     }
   }
@@ -1211,9 +1207,8 @@ __device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h
     f[u] = s_slots.data[s] ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
   }
   cp_async_wait(0);  // this lane's own copies (each lane reads back only what it copied)
-#pragma unroll
-  for (int k = 0; k < kFuseRowsB; ++k) {
-    if (k >= nr) break;
+#pragma unroll 1
+  for (int k = 0; k < nr; ++k) {
     std::int64_t const r = gw + k * GW;
     float acc = 0.f;
 #pragma unroll
@@ -1235,7 +1230,7 @@ __device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h
         int const jj = lane + 32 * u;
         bool const ok = early && jj < nsh;
         sr.v[u] = ok ? *reinterpret_cast<uint4 const*>(bsh + (std::int64_t(k) * nsh + jj) * 16) : make_uint4(0, 0, 0, 0);
-        sr.sc[u] = ok ? shsc[k][u] : 0.f;
+        sr.sc[u] = ok ? bshs[k * nsh + jj] : 0.f;
       }
     }
     acc = shared_down_add<PS>(a, sr, early, r, xs, acc);
