@@ -189,18 +189,10 @@ RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<f
   return r;
 }
 
-namespace {
-// The fused MoE through ops::moe; route (optional): fused routing, with the router's rows in launch A when router is set.
-struct MoeRoute {
-  HostMatrix const* router = nullptr;
-  std::vector<float> const* bias = nullptr;
-  int n_group = 1, topk_group = 1;
-  bool fuse_down = false;
-};
-MoeRoutedOut moe_run(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
-                     std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
-                     std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
-                     std::vector<float> const& residual, MoeRoute const* route, int routed_top_k) {
+std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
+                       std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
+                       std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
+                       std::vector<float> const& residual) {
   auto stack = [](std::vector<HostMatrix> const& ms, bool scales) {
     std::vector<unsigned char> v;
     for (auto const& m : ms) {
@@ -214,9 +206,8 @@ MoeRoutedOut moe_run(std::vector<HostMatrix> const& gate, std::vector<HostMatrix
   auto dn_w = up(stack(dn, false)), dn_s = up(stack(dn, true));
   std::vector<std::unique_ptr<DevMatrix>> sh;
   for (auto const& m : shared) sh.push_back(std::make_unique<DevMatrix>(m));
-  auto dx = up(x), dnw = up(norm_w), dres = up(residual);
-  int const top_k = route ? routed_top_k : int(idx.size());
-  auto didx = route ? poisoned(std::size_t(top_k)) : up(idx), dwts = route ? poisoned(std::size_t(top_k)) : up(wts);
+  auto dx = up(x), dnw = up(norm_w), didx = up(idx), dwts = up(wts), dres = up(residual);
+  int top_k = int(idx.size());
   int inter = gate.empty() ? 0 : int(gate[0].rows);
   int sinter = shared.empty() ? 0 : int(shared[0].rows);
   auto act = poisoned(std::size_t(top_k * inter + sinter));
@@ -252,50 +243,10 @@ MoeRoutedOut moe_run(std::vector<HostMatrix> const& gate, std::vector<HostMatrix
   a.shared_limit = shared_limit;
   a.hidden = int(hidden);
   a.act = act.data<float>();
-  std::unique_ptr<DevMatrix> dr;
-  DeviceBuffer logits, dbias, counter, bar;
-  cuda::ops::RouterArgs ra{};
-  if (route) {
-    logits = poisoned(gate.size());
-    dbias = up(*route->bias);
-    counter = up(std::vector<unsigned>{0});
-    bar = up(std::vector<unsigned long long>{0});
-    ra = cuda::ops::RouterArgs{logits.data<float>(), dbias.data<float>(), int(gate.size()), route->n_group, route->topk_group, top_k,
-                               true, 1.0f, didx.data<int>(), dwts.data<float>(), counter.data<unsigned>()};
-    a.route = &ra;
-    if (route->router) {
-      dr = std::make_unique<DevMatrix>(*route->router);
-      a.router = &dr->m;
-      a.grid_bar = bar.data<unsigned long long>();
-    }
-    a.fuse_down = route->fuse_down;
-  }
   cuda::ops::PrologueArgs pa{cuda::ops::Prologue::kRmsNorm, dnw.data<float>(), nullptr, 0, 1e-6f};
-  MoeRoutedOut r;
-  r.fused = cuda::ops::moe(nullptr, dx.data<float>(), pa, a, gate.empty() ? cuda::MatFormat::kF32 : gate[0].format,
-                           shared.empty() ? cuda::MatFormat::kF32 : shared[0].format, dres.data<float>(), out.data<float>());
-  r.out = down<float>(out, std::size_t(hidden));
-  if (route) {
-    r.idx = down<int>(didx, std::size_t(top_k));
-    r.w = down<float>(dwts, std::size_t(top_k));
-  }
-  return r;
-}
-}  // namespace
-
-std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
-                       std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
-                       std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
-                       std::vector<float> const& residual) {
-  return moe_run(gate, upm, dn, shared, x, norm_w, idx, wts, limit, shared_limit, residual, nullptr, 0).out;
-}
-
-MoeRoutedOut moe_routed(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
-                        std::vector<HostMatrix> const& shared, HostMatrix const& router, std::vector<float> const& bias,
-                        std::vector<float> const& x, std::vector<float> const& norm_w, int n_group, int topk_group, int top_k,
-                        float limit, float shared_limit, std::vector<float> const& residual, bool fuse_down) {
-  MoeRoute const route{&router, &bias, n_group, topk_group, fuse_down};
-  return moe_run(gate, upm, dn, shared, x, norm_w, {}, {}, limit, shared_limit, residual, &route, top_k);
+  cuda::ops::moe(nullptr, dx.data<float>(), pa, a, gate.empty() ? cuda::MatFormat::kF32 : gate[0].format,
+                 shared.empty() ? cuda::MatFormat::kF32 : shared[0].format, dres.data<float>(), out.data<float>());
+  return down<float>(out, std::size_t(hidden));
 }
 
 HeadOut head(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w) {

@@ -68,19 +68,6 @@ std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatr
                        std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
                        std::vector<float> const& residual);
 
-// MoE with fused routing: the router's BF16 rows [E, hidden] and bias [E] inside launch A (its grid barrier), the
-// grouped top-k (norm_topk_prob, scaling 1) in every block; fuse_down: launch B fused into launch A where it applies.
-// Returns the output, the picks launch A wrote, and whether launch B ran fused.
-struct MoeRoutedOut {
-  std::vector<float> out, w;
-  std::vector<int> idx;
-  bool fused = false;
-};
-MoeRoutedOut moe_routed(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& up, std::vector<HostMatrix> const& down,
-                        std::vector<HostMatrix> const& shared, HostMatrix const& router, std::vector<float> const& bias,
-                        std::vector<float> const& x, std::vector<float> const& norm_w, int n_group, int topk_group, int top_k,
-                        float limit, float shared_limit, std::vector<float> const& residual, bool fuse_down);
-
 struct HeadOut {
   std::vector<float> logits;
   int argmax;

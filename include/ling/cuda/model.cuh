@@ -671,7 +671,6 @@ class CudaModel {
         if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
-          a.fuse_down = opt_.moe_fused_down && ops::moe_fused_down_env();
         } else if (!skipped("router")) {
           // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
           if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});

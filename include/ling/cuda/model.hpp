@@ -16,9 +16,6 @@ struct CudaModelOptions {
   // gets fewer SMs than the device has (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts), else the step fails
   // with a launch error after seconds (the barrier is bounded; it never hangs).
   bool router_in_moe = true;
-  // MoE launch B (down projections, combine, shared expert's down row) fused into launch A behind a second grid
-  // barrier, where the router rows are in launch A (the same conditions, and the same bits as two launches).
-  bool moe_fused_down = true;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.

@@ -350,9 +350,6 @@ inline bool router_in_a_env() {
   static bool const on = !env_off("LING_ROUTER_IN_A");
   return on;
 }
-// LING_MOE_FUSED_B=0 keeps MoE launch B in its own launch (A/B measurements; CudaModelOptions::moe_fused_down is the API
-// switch). Read at each capture.
-inline bool moe_fused_down_env() { return !env_off("LING_MOE_FUSED_B"); }
 
 // ---- fused MoE ------------------------------------------------------------------------------------------------
 // Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I]; expert
@@ -385,16 +382,12 @@ struct MoeArgs {
   int hidden = 0;
   float* act = nullptr;   // [top_k * inter + shared_inter]
   bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
-  // Launch B fused into launch A where that applies (the router rows in launch A, the streamed MXFP4 kernels;
-  // kernels::fused_down_tail); else two launches as before.
-  bool fuse_down = false;
 };
 
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
 // block FP8 (generic kernel when its rows are not whole chunks). Without routed experts (dense MLP) the routed
 // format is irrelevant.
-// Returns whether launch B ran fused into launch A (MoeArgs::fuse_down).
-inline bool moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs const& a, MatFormat routed, MatFormat shared,
+inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs const& a, MatFormat routed, MatFormat shared,
                 float const* residual, float* out) {
   require(a.top_k <= kMaxTopK, ErrorCode::kUnsupported, "moe: num_experts_per_tok > " + std::to_string(kMaxTopK));
   require(a.top_k > 0 || a.shared_inter > 0, ErrorCode::kInternal, "moe: neither routed nor shared experts");
@@ -453,10 +446,6 @@ inline bool moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
     k.trace_mid = e ? std::atoi(e) : 0;
   }
   k.shared_limit = a.shared_limit;
-  if (a.fuse_down && k.router.data && !a.skip_a && !a.skip_b) {
-    k.fuse_out = out;
-    k.fuse_residual = residual;
-  }
   if (a.routed_mma) {
     require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,
             "moe: the tensor-core path needs MXFP4 experts with hidden and moe_intermediate_size multiples of 128");
@@ -467,14 +456,13 @@ inline bool moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
     };
     if (shared == MatFormat::kBf16) shared_fast ? mma(quant::Bf16{}) : mma(kernels::Unaligned<quant::Bf16>{});
     else shared_fast ? mma(quant::Fp8Block{}) : mma(kernels::Unaligned<quant::Fp8Block>{});
-    return false;
+    return;
   }
-  bool b_done = false;  // launch B fused into launch A
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();
-    if (!a.skip_a) check(kernels::launch_moe_gate_up_keyed(ke, ks, k, x, pa, a.act, st, &b_done), "moe gate/up");
-    if (!a.skip_b && !b_done) check(kernels::launch_moe_down_keyed(ke, ks, k, a.act, residual, out, st), "moe down");
+    if (!a.skip_a) check(kernels::launch_moe_gate_up_keyed(ke, ks, k, x, pa, a.act, st), "moe gate/up");
+    if (!a.skip_b) check(kernels::launch_moe_down_keyed(ke, ks, k, a.act, residual, out, st), "moe down");
   };
   auto with_shared = [&](auto pe) {
     if (shared == MatFormat::kBf16) shared_fast ? run(pe, quant::Bf16{}) : run(pe, kernels::Unaligned<quant::Bf16>{});
@@ -483,7 +471,6 @@ inline bool moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   if (routed == MatFormat::kBf16) with_shared(quant::Bf16{});
   else if (routed == MatFormat::kFp8Block) with_shared(quant::Fp8Block{});
   else with_shared(quant::Mxfp4{});
-  return b_done;
 }
 
 // ---- LM head + argmax -------------------------------------------------------------------------------------------

@@ -65,13 +65,8 @@ struct MoeArgs {
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
   // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
-  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies;
-  // 6 (launch B fused in) after the second grid barrier.
+  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
-  // Launch B fused into the streamed launch A (fused_down_tail; launch_moe_gate_up_stream decides whether it applies):
-  // fuse_out set asks for it; the launch then also writes fuse_out = fuse_residual + the down projections.
-  float* fuse_out = nullptr;
-  float const* fuse_residual = nullptr;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -145,21 +140,17 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
 // scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores), 16-byte
 // aligned (the selection loads its keys, scratch + route.experts, 16 bytes at a time; else it takes a slower path).
-// Returns the picks' weights in shared memory (fused routing; else null: they stay in a.weights).
-__device__ __forceinline__ float const* moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch,
-                                                         RouteAhead const& ahead = {}, bool use_ahead = false) {
-  float const* w = nullptr;
+__device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch, RouteAhead const& ahead = {},
+                                                  bool use_ahead = false) {
   if (a.route.logits) {
     __shared__ float s_wsel[kMoeMaxTopK];
     bool const first = blockIdx.x == 0;
     router_select_block(a.route, scratch, scratch + a.route.experts, s_idx, s_wsel, ahead, use_ahead,
                         first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr);
-    w = s_wsel;
   } else {
     stage_idx(s_idx, nullptr, a);
   }
   __syncthreads();
-  return w;
 }
 
 // The shared expert's gate and up rows r · xs (its own policy, CUDA cores): the warp-summed dot products.
@@ -1026,56 +1017,6 @@ cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float cons
   return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
 }
 
-// ld_x4 through L2 (x written earlier in the same launch, by other blocks).
-__device__ __forceinline__ float4 ld_x4_cg(float const* x, int c, int nn) {
-  if (c + 3 < nn) return __ldcg(reinterpret_cast<float4 const*>(x + c));
-  return make_float4(c < nn ? __ldcg(x + c) : 0.f, c + 1 < nn ? __ldcg(x + c + 1) : 0.f, c + 2 < nn ? __ldcg(x + c + 2) : 0.f,
-                     c + 3 < nn ? __ldcg(x + c + 3) : 0.f);
-}
-// Its shared memory: the staged shared-expert input, the limbs and their scales.
-__host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int nq) {
-  return (std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
-          std::size_t(nq) * sizeof(float) + 15) / 16 * 16;
-}
-// moe_down_lane_kernel's staging in one batch of loads: the routed slots' input groups (kB float4 per thread, as
-// stage_q8_global), the shared expert's input (one float4 per thread, as stage_x4) and the picks (as stage_down_slots)
-// are all requested before any is used, instead of one L2 round trip per part (the same values, so the same bits).
-// Launch B's staging took 1.47 instead of 2.08 µs after its wait and the step 2.364 instead of 2.384 ms per token
-// (H200, 2026-12-03, context 0, alternated in one process; docs/performance.md, session 21). Needs nq · 8 ≤ kB ·
-// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise.
-// idx / wts: the picks (global memory: launch A's; or the fused launch's own, in shared memory). kL2: h was written in
-// this launch (the fused launch B, after its grid barrier), so its loads bypass the non-coherent read-only path.
-template <bool kL2 = false>
-__device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, int2* q, float* sx, float const* __restrict__ h,
-                                                     MoeArgs const& a, int const* idx, float const* wts, int nq,
-                                                     std::int64_t n_sh) {
-  constexpr int kB = 4;
-  int const tid = int(threadIdx.x), nt = int(blockDim.x), ngroups = nq * 8, top_k = a.top_k;
-  float const* const hs = h + std::int64_t(top_k) * a.down.cols;
-  int const end = int(round32(n_sh)), ns = a.has_shared ? int(a.sdown.cols) : 0;
-  if (ngroups > kB * nt || end > 4 * nt || (a.has_shared && (reinterpret_cast<std::uintptr_t>(hs) & 15) != 0)) return false;
-  float4 v[kB];
-#pragma unroll
-  for (int i = 0; i < kB; ++i) {
-    int const g = i * nt + tid;
-    float4 const* const p = reinterpret_cast<float4 const*>(h) + g;
-    v[i] = g >= ngroups ? make_float4(0.f, 0.f, 0.f, 0.f) : kL2 ? __ldcg(p) : __ldg(p);
-  }
-  int const c = 4 * tid;
-  float4 const x4 = c >= end ? make_float4(0.f, 0.f, 0.f, 0.f) : kL2 ? ld_x4_cg(hs, c, ns) : ld_x4(hs, c, ns);
-  int const e = tid < top_k ? idx[tid] : -1;
-  float const w = tid < top_k ? wts[tid] : 0.f;
-  if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
-  if (tid < top_k) put_down_slot<quant::Mxfp4>(sl, a, tid, e, w);
-#pragma unroll
-  for (int i = 0; i < kB; ++i) {
-    if (i * nt >= ngroups) break;  // uniform: no thread of the block has a group past here
-    int const g = i * nt + tid;
-    q8_group(v[i], g, g < ngroups, q, sx, 0.5f / 127.f);
-  }
-  return true;
-}
-
 // ---- streamed MoE: each warp copies its next tiles into shared memory (cp.async; async_copy.cuh) ---------------------
 // One block per SM of kW warps. The block's tiles (a tile: a few rows of every matrix it needs, plus the span of their
 // scales) are dealt to its warps round robin; each warp keeps a private ring of `stages` tile buffers, issues the
@@ -1121,124 +1062,6 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
   return r.logits && r.experts > q8_slots(nblk) ? r.experts : q8_slots(nblk);
 }
 
-// ---- launch B fused into the streamed launch A ---------------------------------------------------------------------
-// Launch B (the down projections, their weighted sum, the shared expert's down row, the residual) needs every routed
-// slot's h, so it waited at a launch boundary for all of launch A's blocks: B's wait exit came ~1 µs after A's end, its
-// staging (one L2 round trip) 1.4 µs after that, and only then went its 8 MB of routed rows out, which landed and were
-// summed ~5 µs later (step timeline, H200, session 25). Here launch A's blocks do launch B's work themselves: once a
-// warp has decoded its routed tiles its ring is free, and it copies its down rows there (cp.async; the picks are
-// known since the selection, and the DRAM is idle during launch A's decode tail), then the blocks meet at a second
-// grid barrier (every h written), stage the inputs as launch B does (stage_down_lane_once, through L2), and sum the
-// rows from shared memory. The arithmetic is launch B's lane kernel's, one row at a time (moe_down_lane_kernel with
-// R = 1): the same bits.
-// Warp w of block b takes the down rows gw + k · GW (gw = b · kW + w, GW = grid · kW, k < kFuseRowsB). Its ring holds,
-// per row, the concatenated routed chunks [nq][16 bytes] (lane l's chunks q = l + 32 u, as launch B reads them), the
-// 4-byte words holding each chunk's scale byte [nq], and the shared expert's row [nsh][16 bytes]; the shared row's
-// block scales go to registers.
-inline constexpr int kFuseRowsB = 2;  // Ling: 2 560 down rows on 2 112 warps
-// The ring's layout: routed chunks at 0, scale words at fuse_b_scales_at, shared chunks at fuse_b_shared_at (16-byte
-// aligned), the shared chunks' block scales (floats) at fuse_b_shsc_at; fuse_b_ring_bytes in all.
-__host__ __device__ constexpr std::int64_t fuse_b_scales_at(int nq) { return std::int64_t(kFuseRowsB) * nq * 16; }
-__host__ __device__ constexpr std::int64_t fuse_b_shared_at(int nq) {
-  return fuse_b_scales_at(nq) + (std::int64_t(kFuseRowsB) * nq * 4 + 15) / 16 * 16;
-}
-__host__ __device__ constexpr std::int64_t fuse_b_shsc_at(int nq, int nsh) {
-  return fuse_b_shared_at(nq) + std::int64_t(kFuseRowsB) * nsh * 16;
-}
-__host__ __device__ constexpr std::int64_t fuse_b_ring_bytes(int nq, int nsh) {
-  return fuse_b_shsc_at(nq, nsh) + std::int64_t(kFuseRowsB) * nsh * 4;
-}
-// Compact on purpose (loops over rows and copies not unrolled): the tail runs once per warp, so its code is fetched
-// cold; the first version, unrolled, added 4 320 SASS instructions to launch A (11 800 against 7 480) and measured
-// 2.727 against 2.304 ms/token, the blocks' B phase ~8 µs after the second barrier (docs/kernels.md).
-template <class PS, int kU, bool kFull>
-__device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h, int const* s_idx, float const* s_w,
-                                                unsigned char* ring, float* xs, std::uint32_t pos_lo, std::uint32_t neg_lo) {
-  __shared__ DownSlots s_slots;
-  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), W = int(blockDim.x >> 5);
-  int const top_k = a.top_k, C = int(a.down.cols >> 5), nq = top_k * C;
-  std::int64_t const rows = a.down.rows, rb = a.down.ld;
-  std::int64_t const gw = std::int64_t(blockIdx.x) * W + warp, GW = std::int64_t(gridDim.x) * W;
-  int const nr = gw < rows ? int((rows - 1 - gw) / GW) + 1 : 0;  // <= kFuseRowsB (the launcher checks)
-  bool const early = shared_down_early<PS>(a);
-  std::int64_t const srb = a.has_shared ? a.sdown.ld * std::int64_t(sizeof(typename PS::storage_type)) : 0;
-  int const nsh = early ? int(srb / 16) : 0;
-  std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-  unsigned char* const bd = ring;                                                         // [rows][nq][16]
-  std::uint32_t* const bs = reinterpret_cast<std::uint32_t*>(ring + fuse_b_scales_at(nq));  // [rows][nq]
-  unsigned char* const bsh = ring + fuse_b_shared_at(nq);                                 // [rows][nsh][16]
-  float* const bshs = reinterpret_cast<float*>(ring + fuse_b_shsc_at(nq, nsh));          // [rows][nsh]
-  auto const* const sd = static_cast<char const*>(a.sdown.data);
-  // chunk q's expert (a bad id reads expert 0; its weight is NaN below) and its scale byte's address in row r
-  auto expert = [&](int s) { return s_idx[s] < 0 ? 0 : s_idx[s]; };
-  auto scale_at = [&](int e, std::int64_t r, int j) {
-    return reinterpret_cast<std::uintptr_t>(batch_scales<quant::Mxfp4>(a.down, e)) + std::uintptr_t(r * C + j);
-  };
-  __syncwarp();  // every lane has read its ring (the routed tiles) before the copies overwrite it
-#pragma unroll 1
-  for (int k = 0; k < nr; ++k) {
-    std::int64_t const r = gw + k * GW;
-#pragma unroll 1
-    for (int q = lane; q < nq; q += 32) {
-      int const s = q / C, j = q - s * C, e = expert(s);
-      cp_async16(bd + (std::int64_t(k) * nq + q) * 16, static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + r * rb + 16 * j);
-      cp_async4(bs + k * nq + q, reinterpret_cast<void const*>(scale_at(e, r, j) & ~std::uintptr_t(3)));
-    }
-    if constexpr (has_fast_kernel<PS>) {
-#pragma unroll 1
-      for (int jj = lane; jj < nsh; jj += 32) {
-        cp_async16(bsh + (std::int64_t(k) * nsh + jj) * 16, sd + r * srb + 16 * jj);
-        bshs[k * nsh + jj] = FastOps<PS>::chunk_scale(a.sdown.scales, a.sdown, r, jj);
-      }
-    }
-  }
-  cp_async_commit();
-  grid_barrier(a.grid_bar);  // every block's h is written (and every warp of this block is done with xs and q)
-  if (a.trace_mid == 6) trace_mark(a.trace_a, 2);
-  int2* const q8 = reinterpret_cast<int2*>(xs + xs_floats(n_sh));
-  float* const sx = reinterpret_cast<float*>(q8 + q8_slots(nq));
-  stage_down_lane_once<true>(xs, s_slots, q8, sx, h, a, s_idx, s_w, nq, n_sh);  // applies (the launcher checks)
-  __syncthreads();
-  float f[kU];
-#pragma unroll
-  for (int u = 0; u < kU; ++u) {
-    int const qq = kFull || lane + 32 * u < nq ? lane + 32 * u : 0;
-    int const s = qq / C;
-    f[u] = s_slots.data[s] ? s_slots.w[s] * sx[qq] : __uint_as_float(0x7FC00000u);
-  }
-  cp_async_wait(0);  // this lane's own copies (each lane reads back only what it copied)
-#pragma unroll 1
-  for (int k = 0; k < nr; ++k) {
-    std::int64_t const r = gw + k * GW;
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      int const q = lane + 32 * u;
-      if (kFull || q < nq) {
-        int const s = q / C, j = q - s * C;
-        uint4 const v[1] = {*reinterpret_cast<uint4 const*>(bd + (std::int64_t(k) * nq + q) * 16)};
-        std::uint32_t const sc = (bs[k * nq + q] >> (8u * std::uint32_t(scale_at(expert(s), r, j) & 3u))) & 0xFFu;
-        int2 d[1];
-        q8u_chunk<1>(v, q8 + 9 * q, pos_lo, neg_lo, d);
-        acc = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(sc) * f[u], acc);
-      }
-    }
-    [[maybe_unused]] RowLoad<PS, 2> sr;
-    if constexpr (has_fast_kernel<PS>) {
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        int const jj = lane + 32 * u;
-        bool const ok = early && jj < nsh;
-        sr.v[u] = ok ? *reinterpret_cast<uint4 const*>(bsh + (std::int64_t(k) * nsh + jj) * 16) : make_uint4(0, 0, 0, 0);
-        sr.sc[u] = ok ? bshs[k * nsh + jj] : 0.f;
-      }
-    }
-    acc = shared_down_add<PS>(a, sr, early, r, xs, acc);
-    float const sum = warp_sum(acc);
-    if (lane == 0) a.fuse_out[r] = a.fuse_residual ? a.fuse_residual[r] + sum : sum;
-  }
-}
-
 // Launch A streamed: MXFP4 routed experts on the int8 path, the shared expert FP8-block. Tiles: the shared expert's
 // (srows row pairs each) first, then top_k × tiles_per_slot routed ones (rows row pairs of slot s each).
 // kBiased: the routed rows on q8u_chunk (the default; LING_MOE_Q8U=0: q8_chunk, moe_q8u_on). A tile arrives by four
@@ -1259,9 +1082,7 @@ __device__ __forceinline__ void fused_down_tail(MoeArgs const& a, float const* h
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
-// kFU > 0: launch B fused in (fused_down_tail with kU = kFU; 6: exactly 192 chunks per row, Ling's shape), fused
-// routing with the router rows and the biased lookup only.
-template <int kW, bool kBiased, int kDiag = 0, int kFU = 0>
+template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1371,7 +1192,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
-  [[maybe_unused]] float const* s_wfused = nullptr;  // kFU: the picks' weights
   if constexpr (kDiag >= 3) {  // measurements only: fixed picks, evenly spaced experts, equal weights
     int const t = int(threadIdx.x);
     if (t < a.top_k) {
@@ -1383,8 +1203,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
       }
     }
     __syncthreads();
-  } else if constexpr (kFU > 0) {
-    s_wfused = moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   } else {
     moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   }
@@ -1471,10 +1289,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
       fence_proxy_async_smem();
       issue(m + D);
     }
-  }
-  if constexpr (kFU > 0) {
-    static_assert(kBiased && kDiag == 0, "the fused launch B runs on the biased lookup's tables");
-    fused_down_tail<quant::Fp8Block, kFU, kFU == 6>(a, h, s_idx, s_wfused, ring, xs, pos_lo, neg_lo);
   }
   trace_end(a.trace_a);
 }
@@ -1771,10 +1585,9 @@ bool router_in_a_fits(Kernel kernel, MoeArgs const& a, StreamPlan const& p, std:
 
 // Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
 // 16-byte aligned rows); false: not launched.
-// a.fuse_out set: launch B fused in where it applies (fused_down_fits); *b_done then says it ran.
 template <class PE, class PS>
 bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue const& pro, float* h, cudaStream_t stream,
-                               cudaError_t& err, bool* b_done = nullptr) {
+                               cudaError_t& err) {
   if constexpr (!std::is_same_v<PE, quant::Mxfp4> || !std::is_same_v<PS, quant::Fp8Block>) {
     return false;
   } else {
@@ -1811,39 +1624,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    // launch B fused in: the router rows in this launch (its grid barrier), one block per SM, every block's warps
-    // kFuseRowsB down rows at most, B's staging in the prologue's room and its rows in each warp's ring
-    if (b_done) *b_done = false;
-    int const diag = moe_diag_a();
-    if (a.fuse_out && a.router.data && biased && warps == 16 && diag == 0 && a.down.cols % 32 == 0 &&
-        aligned16(a.down.data, a.down.data_stride, a.down.ld) && aligned16(h) &&
-        (!a.has_shared || (aligned16(h + std::int64_t(a.top_k) * a.down.cols) && aligned16(a.sdown.data, a.sdown.ld) &&
-                           a.sdown.ld / 16 <= 64))) {  // the shared row: shared_down_early's one batch of loads
-      int const nq = a.top_k * int(a.down.cols / 32);
-      std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-      int const nsh = a.has_shared ? int(a.sdown.ld / 16) : 0;
-      std::int64_t const fprologue = std::max<std::int64_t>(prologue, std::int64_t(lane_smem_bytes(n_sh, nq)));
-      std::int64_t const fstage = std::max<std::int64_t>(stage, fuse_b_ring_bytes(nq, nsh));
-      auto fused = [&](auto kernel) {
-        std::size_t smem = 0;
-        int blocks = 0;
-        StreamPlan p = sp;
-        if (!stream_plan(kernel, 16, p, fprologue, fstage, smem, blocks, err, 128)) return false;
-        if (err != cudaSuccess) return true;
-        if (!router_in_a_fits(kernel, a, p, n_stage, 16, smem, blocks) ||
-            (a.down.rows + std::int64_t(blocks) * 16 - 1) / (std::int64_t(blocks) * 16) > kFuseRowsB)
-          return false;
-        err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(16u * 32u), smem, stream, a, u, pro, h, p);
-        if (b_done) *b_done = true;
-        return true;
-      };
-      // staging in one batch (stage_down_lane_once): nq · 8 ≤ 4 · 512 groups, the shared input ≤ 4 · 512
-      if (nq > 0 && nq <= 32 * 8 && n_sh <= 4 * 16 * 32) {
-        if (nq == 32 * 6 ? fused(moe_gate_up_stream_kernel<16, true, 0, 6>) : fused(moe_gate_up_stream_kernel<16, true, 0, 8>))
-          return true;
-      }
-    }
-    if (diag > 0 && warps == 16) {
+    if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
         return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
@@ -1903,6 +1684,44 @@ bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* resid
 // kFull: top_k × cols / 32 == 32 kU (Ling: 8 × 24 = 192, kU = 6), every lane has all kU chunks (no predicates).
 // R: rows per warp (1: up to 20 warps at <= 102 registers; 2: up to 12 warps at <= 170).
 __host__ __device__ constexpr int lane_max_warps(int rows_per_warp) { return rows_per_warp == 1 ? 20 : 12; }
+// Its shared memory: the staged shared-expert input, the limbs and their scales.
+__host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int nq) {
+  return (std::size_t(xs_floats(n_sh)) * sizeof(float) + std::size_t(q8_slots(nq)) * sizeof(int2) +
+          std::size_t(nq) * sizeof(float) + 15) / 16 * 16;
+}
+// moe_down_lane_kernel's staging in one batch of loads: the routed slots' input groups (kB float4 per thread, as
+// stage_q8_global), the shared expert's input (one float4 per thread, as stage_x4) and the picks (as stage_down_slots)
+// are all requested before any is used, instead of one L2 round trip per part (the same values, so the same bits).
+// Launch B's staging took 1.47 instead of 2.08 µs after its wait and the step 2.364 instead of 2.384 ms per token
+// (H200, 2026-12-03, context 0, alternated in one process; docs/performance.md, session 21). Needs nq · 8 ≤ kB ·
+// threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise.
+__device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, int2* q, float* sx, float const* __restrict__ h,
+                                                     MoeArgs const& a, int nq, std::int64_t n_sh) {
+  constexpr int kB = 4;
+  int const tid = int(threadIdx.x), nt = int(blockDim.x), ngroups = nq * 8, top_k = a.top_k;
+  float const* const hs = h + std::int64_t(top_k) * a.down.cols;
+  int const end = int(round32(n_sh)), ns = a.has_shared ? int(a.sdown.cols) : 0;
+  if (ngroups > kB * nt || end > 4 * nt || (a.has_shared && (reinterpret_cast<std::uintptr_t>(hs) & 15) != 0)) return false;
+  float4 v[kB];
+#pragma unroll
+  for (int i = 0; i < kB; ++i) {
+    int const g = i * nt + tid;
+    v[i] = g < ngroups ? __ldg(reinterpret_cast<float4 const*>(h) + g) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  int const c = 4 * tid;
+  float4 const x4 = c < end ? ld_x4(hs, c, ns) : make_float4(0.f, 0.f, 0.f, 0.f);
+  int const e = tid < top_k ? a.idx[tid] : -1;
+  float const w = tid < top_k ? a.weights[tid] : 0.f;
+  if (c < end) *reinterpret_cast<float4*>(xs + xpad(c)) = make_float4(x4.x * kXPre, x4.y * kXPre, x4.z * kXPre, x4.w * kXPre);
+  if (tid < top_k) put_down_slot<quant::Mxfp4>(sl, a, tid, e, w);
+#pragma unroll
+  for (int i = 0; i < kB; ++i) {
+    if (i * nt >= ngroups) break;  // uniform: no thread of the block has a group past here
+    int const g = i * nt + tid;
+    q8_group(v[i], g, g < ngroups, q, sx, 0.5f / 127.f);
+  }
+  return true;
+}
 // kOnce: the staging by stage_down_lane_once when it applies (the launcher's instance at Ling's shape, the one
 // measured; the others keep the three staging calls).
 // Measured and removed (session 22, docs/kernels.md): the lanes' first-row codes and scale words copied into shared
@@ -1938,7 +1757,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   pdl_wait();
   trace_mark(a.trace_b, 1);
   // once: staged by stage_down_lane_once; uniform
-  bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, a.idx, a.weights, nq, n_sh);
+  bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
   if (once) {
     e2m1_tables_store(s_tab);
   } else {
@@ -2072,18 +1891,16 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
 // kMinBlocks: resident blocks per SM the register budget must allow; 3 measured best for both launches at Ling's
 // shapes (2026-11-30: 36 µs per step vs 38 with 2 and 43-46 with 4).
 inline constexpr int kMoeMinBlocks = 3;
-// b_done (a.fuse_out set): whether launch B ran fused into this launch.
 template <int kMinBlocks = kMoeMinBlocks, class KE, class KS>
 cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
-                                     cudaStream_t stream, bool* b_done = nullptr) {
+                                     cudaStream_t stream) {
   using PE = policy_of<KE>;
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  if (b_done) *b_done = false;
   {
     cudaError_t err = cudaSuccess;
-    if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err, b_done)) return err;
+    if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
   }
   if (a.router.data) {  // the register kernels do not read router rows: their own launch first
     cudaError_t const e = launch_router_logits(a, u, pro, stream);
