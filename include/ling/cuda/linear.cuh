@@ -189,7 +189,7 @@ __device__ __forceinline__ bool is_aligned16(void const* q) { return (reinterpre
 // stage_input's other cases (unaligned inputs, prologues without fused weights), out of line: every launch inlines
 // stage_input, and what it inlines is code its warps fetch right after their PDL wait (ncu of MoE launch A: instruction
 // fetch was its largest stall). red: 32 floats of shared memory.
-// kHeadScale: PrologueKind::kHeadScale's general path is compiled in (stage_input's kHeadScaleFused).
+// kHeadScale: PrologueKind::kHeadScale's general path is compiled in (stage_input's kAttnFused).
 template <bool kHeadScale>
 inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                                      InputPrologue const& p, float* red) {
@@ -246,9 +246,11 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
-// kHeadScaleFused: PrologueKind::kHeadScale is compiled in (false, for launches that never get one, MoE and router:
-// their code stays as it was; such a prologue would then be staged like kGatedHeadNorm's plain part, without norm).
-template <bool kHeadScaleFused = true>
+// kAttnFused: the attention outputs' prologues (kGatedHeadNorm, kHeadScale) take their fused paths. False for the
+// launches that never get one, MoE and router: they go to stage_input_slow, which stages kGatedHeadNorm in full and
+// kHeadScale like kGatedHeadNorm's plain part, without norm. Every block fetches this code right after its PDL wait,
+// and MoE launch A stalls on instruction fetch (docs/kernels.md "Launch A's code size").
+template <bool kAttnFused = true>
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                             InputPrologue const& p) {
   __shared__ float red[32];
@@ -263,8 +265,8 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
     return;
   }
-  if (fused && p.kind == PrologueKind::kGatedHeadNorm && is_aligned16(x) && is_aligned16(p.gate) && is_aligned16(p.norm_w) &&
-      (p.head == 128 || p.head == 256) && nn % p.head == 0 && nn / p.head <= kMaxGatedHeads) {
+  if constexpr (kAttnFused) if (fused && p.kind == PrologueKind::kGatedHeadNorm && is_aligned16(x) && is_aligned16(p.gate) &&
+      is_aligned16(p.norm_w) && (p.head == 128 || p.head == 256) && nn % p.head == 0 && nn / p.head <= kMaxGatedHeads) {
     __shared__ float s_hs[kMaxGatedHeads];
     int const heads = nn / p.head;
     float const inv_head = 1.0f / float(p.head);
@@ -300,7 +302,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     }
     return;
   }
-  if constexpr (kHeadScaleFused) if (fused && p.kind == PrologueKind::kHeadScale && is_aligned16(x) && (p.head == 128 || p.head == 256) &&
+  if constexpr (kAttnFused) if (fused && p.kind == PrologueKind::kHeadScale && is_aligned16(x) && (p.head == 128 || p.head == 256) &&
       nn % p.head == 0 && nn / p.head <= kMaxGatedHeads && p.ss_parts >= 1 && p.ss_parts <= 32 &&
       (p.ss_parts & (p.ss_parts - 1)) == 0 && (nn / p.head) * p.ss_parts <= int(blockDim.x)) {
     // one round trip: this thread's first batch of x and its head partial are loaded together, the partials summed by
@@ -334,7 +336,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     stage4<4>(xs, x, nn, end, kXPre);
     return;
   }
-  stage_input_slow<kHeadScaleFused>(xs, x, n, n_stage, p, red);
+  stage_input_slow<kAttnFused>(xs, x, n, n_stage, p, red);
 }
 
 // ---- programmatic dependent launch (PDL) ---------------------------------------------------------------------
