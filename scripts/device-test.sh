@@ -143,8 +143,8 @@ if [ $BENCH = 1 ]; then
     [ -n "$TV" ] && echo "trace columns: region blk entF entL waitF waitL | midMd midL endF endMd endL | dur (µs after the \
 last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
     for v in $TV; do
-      # LING_TRACE_MARKS: the LING_TRACE_MOEA marks (6: launch B fused in); LING_TRACE_REGIONS: a regex of the
-      # trace_summary.py lines to keep
+      # LING_TRACE_MARKS: the LING_TRACE_MOEA marks to trace (MoeArgs::trace_mid); LING_TRACE_REGIONS: a regex of
+      # the trace_summary.py lines to keep (all regions: "kda:|mla:")
       for m in ${LING_TRACE_MARKS:-5 4}; do
         env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $BUILD/examples/ling bench --spec ling3-flash \
           --random-weights --contexts 0 --reps 1 >/dev/null 2>&1

@@ -170,13 +170,13 @@ MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<fl
 }
 
 RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w, std::vector<float> const& bias,
-                 int n_group, int topk_group, int top_k, bool norm_topk, float scaling) {
+                 int n_group, int topk_group, int top_k, bool norm_topk, float scaling, int prologue) {
   DevMatrix dm(w);
   auto dx = up(x), dn = up(norm_w), db = up(bias);
   auto logits = poisoned(w.rows);
   auto idx = poisoned(top_k), wts = poisoned(top_k);
   auto counter = up(std::vector<unsigned>{0});
-  cuda::ops::PrologueArgs pa{cuda::ops::Prologue::kRmsNorm, dn.data<float>(), nullptr, 0, 1e-6f};
+  cuda::ops::PrologueArgs pa{cuda::ops::Prologue(prologue), dn.data<float>(), nullptr, 0, 1e-6f};
   cuda::ops::RouterArgs ra{logits.data<float>(), bias.empty() ? nullptr : db.data<float>(), int(w.rows), n_group, topk_group, top_k,
                            norm_topk, scaling, idx.data<int>(), wts.data<float>(), counter.data<unsigned>()};
   cuda::ops::router(nullptr, dx.data<float>(), pa, dm.m, ra);
@@ -192,7 +192,7 @@ RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<f
 std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& upm, std::vector<HostMatrix> const& dn,
                        std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
                        std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
-                       std::vector<float> const& residual) {
+                       std::vector<float> const& residual, int prologue) {
   auto stack = [](std::vector<HostMatrix> const& ms, bool scales) {
     std::vector<unsigned char> v;
     for (auto const& m : ms) {
@@ -243,7 +243,7 @@ std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatr
   a.shared_limit = shared_limit;
   a.hidden = int(hidden);
   a.act = act.data<float>();
-  cuda::ops::PrologueArgs pa{cuda::ops::Prologue::kRmsNorm, dnw.data<float>(), nullptr, 0, 1e-6f};
+  cuda::ops::PrologueArgs pa{cuda::ops::Prologue(prologue), dnw.data<float>(), nullptr, 0, 1e-6f};
   cuda::ops::moe(nullptr, dx.data<float>(), pa, a, gate.empty() ? cuda::MatFormat::kF32 : gate[0].format,
                  shared.empty() ? cuda::MatFormat::kF32 : shared[0].format, dres.data<float>(), out.data<float>());
   return down<float>(out, std::size_t(hidden));

@@ -59,14 +59,15 @@ struct RouterOut {
   std::vector<int> idx;
   std::vector<float> w, logits;
 };
+// prologue (router and MoE): as matvec's, 1 (RMSNorm, the model's) by default
 RouterOut router(HostMatrix const& w, std::vector<float> const& x, std::vector<float> const& norm_w, std::vector<float> const& bias,
-                 int n_group, int topk_group, int top_k, bool norm_topk, float scaling);
+                 int n_group, int topk_group, int top_k, bool norm_topk, float scaling, int prologue = 1);
 
 // MoE: routed experts gate/up [I, hidden], down [hidden, I] (stacked on the device); shared[0..2] = gate, up, down or empty.
 std::vector<float> moe(std::vector<HostMatrix> const& gate, std::vector<HostMatrix> const& up, std::vector<HostMatrix> const& down,
                        std::vector<HostMatrix> const& shared, std::vector<float> const& x, std::vector<float> const& norm_w,
                        std::vector<int> const& idx, std::vector<float> const& wts, float limit, float shared_limit,
-                       std::vector<float> const& residual);
+                       std::vector<float> const& residual, int prologue = 1);
 
 struct HeadOut {
   std::vector<float> logits;

@@ -452,6 +452,34 @@ TEST_CASE("MoE refuses routed experts whose rows are not whole 16-byte chunks, n
   }
 }
 
+// The router and MoE launches stage their input without the attention outputs' head-scale path (stage_input<false>):
+// such a prologue is refused before any launch, not staged without its norm.
+TEST_CASE("router and MoE refuse the head-scale prologue, naming it") {
+  LING_REQUIRE_GPU();
+  std::int64_t const E = 4, I = 64, hidden = 64;
+  std::vector<HostMatrix> gm, um, dm;
+  for (int e = 0; e < E; ++e) {
+    gm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    um.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    dm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, nullptr));
+  }
+  auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
+  auto refused = [](auto&& call, char const* what) {
+    try {
+      call();
+      FAIL(what << " accepted the head-scale prologue");
+    } catch (ling::Error const& e) {
+      CHECK(e.code() == ling::ErrorCode::kUnsupported);
+      CHECK(std::string(e.what()).find("head-scale prologue") != std::string::npos);
+    }
+  };
+  refused([&] { (void)moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res, 3); }, "moe");
+  HostMatrix const rw = make_matrix(MatFormat::kBf16, randn(std::size_t(E * hidden), 0.3f), E, hidden, nullptr);
+  refused([&] { (void)router(rw, x, nw, {}, 1, 1, 2, true, 1.f, 3); }, "router");
+  // the model's prologue still runs
+  CHECK(moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res).size() == std::size_t(hidden));
+}
+
 TEST_CASE("LM head (FP8-row and BF16) logits and argmax") {
   LING_REQUIRE_GPU();
   std::int64_t const vocab = 1000, hidden = 96;

@@ -321,6 +321,7 @@ inline void router(cudaStream_t st, float const* x, PrologueArgs const& pa, Mode
                    bool logits_only = false) {
   RouterParams p{ra.top_k, ra.n_group, ra.topk_group, ra.scaling, ra.norm_topk_prob};
   can_implement_router(w.rows, p).throw_if_error();
+  require(pa.kind != Prologue::kHeadScale, ErrorCode::kUnsupported, "router: the head-scale prologue is not supported for the router input");
   require(w.format == MatFormat::kBf16 || w.format == MatFormat::kF32 || w.format == MatFormat::kFp8Block, ErrorCode::kUnsupported,
           "router: gate.weight in " + std::string(to_string(w.format)) + " (supported: bf16, f32, fp8-block)");
   bool const fast = fast_rows(w);
@@ -390,6 +391,8 @@ struct MoeArgs {
 inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs const& a, MatFormat routed, MatFormat shared,
                 float const* residual, float* out) {
   require(a.top_k <= kMaxTopK, ErrorCode::kUnsupported, "moe: num_experts_per_tok > " + std::to_string(kMaxTopK));
+  // the MoE kernels stage their input with stage_input<false>, which has no head-scale path (an attention output's)
+  require(pa.kind != Prologue::kHeadScale, ErrorCode::kUnsupported, "moe: the head-scale prologue is not supported for the MoE input");
   require(a.top_k > 0 || a.shared_inter > 0, ErrorCode::kInternal, "moe: neither routed nor shared experts");
   if (a.top_k == 0) routed = MatFormat::kMxfp4;
   if (a.shared_inter == 0) shared = MatFormat::kFp8Block;
