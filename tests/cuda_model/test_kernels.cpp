@@ -226,7 +226,19 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   for (int i = 0; i < d.rope; ++i) row[r + i] = kv_a[r + i];
   if (d.use_rope) rope_ref(row.data() + r, d.rope, pos, d.rope_theta);
   for (auto& v : row) v = to_float(bf16_from_float(v));
-  CHECK(rel_l2(got.new_row, row) < 1e-6);
+  // each element equal, or one bf16 step away: the kernel's fp32 rsqrt and rope round differently from the reference's
+  // double ones, so a value next to a rounding boundary may land on the other side (seen once in session 26: one of
+  // 576 elements, rel L2 1.7e-4)
+  REQUIRE(got.new_row.size() == row.size());
+  int off = 0, far = 0;
+  for (std::size_t i = 0; i < row.size(); ++i) {
+    double const step = row[i] == 0.f ? 0.0 : std::ldexp(1.0, std::ilogb(row[i]) - 7);
+    double const diff = std::fabs(double(got.new_row[i]) - double(row[i]));
+    far += diff <= step ? 0 : 1;  // NaN counts here
+    off += diff > 0 ? 1 : 0;
+  }
+  CHECK(far == 0);
+  CHECK(off <= 8);
   std::vector<float> all(static_cast<std::size_t>((pos + 1) * L));
   for (std::size_t i = 0; i < cache.size(); ++i) all[i] = to_float(Bfloat16{cache[i]});
   std::copy(row.begin(), row.end(), all.begin() + pos * L);
