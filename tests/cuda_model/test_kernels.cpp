@@ -445,18 +445,29 @@ TEST_CASE("MLA decode refuses the tensor-core attention for a shape it does not 
   }
 }
 
+namespace {
+// E random experts in format f: gate and up [I, hidden], down [hidden, I].
+struct Experts {
+  std::vector<HostMatrix> gate, up, down;
+};
+Experts random_experts(MatFormat f, std::int64_t E, std::int64_t I, std::int64_t hidden) {
+  Experts x;
+  for (std::int64_t e = 0; e < E; ++e) {
+    x.gate.push_back(make_matrix(f, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    x.up.push_back(make_matrix(f, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
+    x.down.push_back(make_matrix(f, randn(std::size_t(hidden * I), 0.3f), hidden, I, nullptr));
+  }
+  return x;
+}
+}  // namespace
+
 TEST_CASE("MoE refuses routed experts whose rows are not whole 16-byte chunks, naming the sizes") {
   LING_REQUIRE_GPU();
-  std::int64_t const E = 3, I = 40, hidden = 64;  // FP8 down rows of 40 bytes
-  std::vector<HostMatrix> gm, um, dm;
-  for (int e = 0; e < E; ++e) {
-    gm.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
-    um.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
-    dm.push_back(make_matrix(MatFormat::kFp8Block, randn(std::size_t(hidden * I), 0.3f), hidden, I, nullptr));
-  }
+  std::int64_t const I = 40, hidden = 64;  // FP8 down rows of 40 bytes
+  auto const ex = random_experts(MatFormat::kFp8Block, 3, I, hidden);
   auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
   try {
-    (void)moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res);
+    (void)moe(ex.gate, ex.up, ex.down, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res);
     FAIL("misaligned routed experts were accepted");
   } catch (ling::Error const& e) {
     CHECK(e.code() == ling::ErrorCode::kUnsupported);
@@ -469,12 +480,7 @@ TEST_CASE("MoE refuses routed experts whose rows are not whole 16-byte chunks, n
 TEST_CASE("router and MoE refuse the head-scale prologue, naming it") {
   LING_REQUIRE_GPU();
   std::int64_t const E = 4, I = 64, hidden = 64;
-  std::vector<HostMatrix> gm, um, dm;
-  for (int e = 0; e < E; ++e) {
-    gm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
-    um.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(I * hidden), 0.3f), I, hidden, nullptr));
-    dm.push_back(make_matrix(MatFormat::kMxfp4, randn(std::size_t(hidden * I), 0.3f), hidden, I, nullptr));
-  }
+  auto const ex = random_experts(MatFormat::kMxfp4, E, I, hidden);
   auto x = randn(std::size_t(hidden)), nw = randn(std::size_t(hidden)), res = randn(std::size_t(hidden));
   auto refused = [](auto&& call, char const* what) {
     try {
@@ -485,11 +491,11 @@ TEST_CASE("router and MoE refuse the head-scale prologue, naming it") {
       CHECK(std::string(e.what()).find("head-scale prologue") != std::string::npos);
     }
   };
-  refused([&] { (void)moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res, 3); }, "moe");
+  refused([&] { (void)moe(ex.gate, ex.up, ex.down, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res, 3); }, "moe");
   HostMatrix const rw = make_matrix(MatFormat::kBf16, randn(std::size_t(E * hidden), 0.3f), E, hidden, nullptr);
   refused([&] { (void)router(rw, x, nw, {}, 1, 1, 2, true, 1.f, 3); }, "router");
   // the model's prologue still runs
-  CHECK(moe(gm, um, dm, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res).size() == std::size_t(hidden));
+  CHECK(moe(ex.gate, ex.up, ex.down, {}, x, nw, {0, 2}, {0.5f, 0.5f}, 0.f, 0.f, res).size() == std::size_t(hidden));
 }
 
 TEST_CASE("LM head (FP8-row and BF16) logits and argmax") {
