@@ -247,9 +247,10 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
 // kAttnFused: the attention outputs' prologues (kGatedHeadNorm, kHeadScale) take their fused paths. False for the
-// launches that never get one, MoE and router: they go to stage_input_slow, which stages kGatedHeadNorm in full and
-// kHeadScale like kGatedHeadNorm's plain part, without norm. Every block fetches this code right after its PDL wait,
-// and MoE launch A stalls on instruction fetch (docs/kernels.md "Launch A's code size").
+// launches that never get one, MoE and router: kGatedHeadNorm then goes to stage_input_slow (staged in full), and
+// kHeadScale, which stage_input_slow<false> has no path for, is refused by ops::router and ops::moe before any launch.
+// Every block fetches this code right after its PDL wait, and MoE launch A stalls on instruction fetch
+// (docs/kernels.md "Launch A's code size").
 template <bool kAttnFused = true>
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
                                             InputPrologue const& p) {
