@@ -50,8 +50,17 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 t0=$(date +%s)
 cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
       -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+# LING_AB_CUDA_FLAGS: a second `ling` binary built with these extra CUDA flags (build/device-ab, alongside the main
+# build), which the variants below that contain LING_BIN=ab run (A/B of compile-time trials in one call)
+if [ -n "${LING_AB_CUDA_FLAGS:-}" ]; then
+  (cmake -S . -B build/device-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+      -DLING_BUILD_TESTS=OFF -DLING_BUILD_BENCH=OFF "-DCMAKE_CUDA_FLAGS=$LING_AB_CUDA_FLAGS" >"$OUT/build-ab.log" 2>&1 &&
+   cmake --build build/device-ab -j "$(nproc)" --target ling >>"$OUT/build-ab.log" 2>&1; echo "rc=$?" >>"$OUT/build-ab.log") &
+fi
 cmake --build $BUILD -j "$(nproc)" --target $TARGETS >"$OUT/build.log" 2>&1
 rc_build=$?
+wait
+[ -n "${LING_AB_CUDA_FLAGS:-}" ] && note "build-ab ($LING_AB_CUDA_FLAGS): $(tail -1 "$OUT/build-ab.log")"
 note "build ($TARGETS): rc=$rc_build in $(( $(date +%s) - t0 )) s"
 [ $rc_build -eq 0 ] || { grep -E "error|Error" "$OUT/build.log" | head -40; }
 
@@ -128,7 +137,9 @@ if [ $BENCH = 1 ]; then
     # settings of one variant by commas; "X=1" is the default run. None by default.
     # variant_bench VARIANT CONTEXTS: one `ling bench` run with the variant's settings, appended to ling-bench.md
     variant_bench() {
-      { echo; echo "### $1"; env ${1//,/ } $BUILD/examples/ling bench --spec ling3-flash --random-weights --contexts "$2" \
+      local bin=$BUILD/examples/ling
+      [[ "$1" == *LING_BIN=ab* ]] && bin=build/device-ab/examples/ling
+      { echo; echo "### $1"; env ${1//,/ } $bin bench --spec ling3-flash --random-weights --contexts "$2" \
           --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($1): rc=$?"
     }
     for v in ${LING_CTX0_VARIANTS-}; do variant_bench "$v" 0; done
@@ -146,7 +157,8 @@ last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
       # LING_TRACE_MARKS: the LING_TRACE_MOEA marks to trace (MoeArgs::trace_mid); LING_TRACE_REGIONS: a regex of
       # the trace_summary.py lines to keep (all regions: "kda:|mla:")
       for m in ${LING_TRACE_MARKS:-5 4}; do
-        env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $BUILD/examples/ling bench --spec ling3-flash \
+        bin=$BUILD/examples/ling; [[ "$v" == *LING_BIN=ab* ]] && bin=build/device-ab/examples/ling
+        env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $bin bench --spec ling3-flash \
           --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
         echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E "${LING_TRACE_REGIONS:-kda:moe[AB]}" | tr '\n' ' ')" \
           >>"$OUT/ling-bench.md"
