@@ -136,10 +136,10 @@ if [ $BENCH = 1 ]; then
     # A/B at context 0 (one binary), in rounds: LING_CTX0_VARIANTS ("" for none): variants are separated by spaces, the
     # settings of one variant by commas; "X=1" is the default run. None by default.
     # variant_bench VARIANT CONTEXTS: one `ling bench` run with the variant's settings, appended to ling-bench.md
+    # variant_bin VARIANT: the binary a variant runs (LING_BIN=ab: the LING_AB_CUDA_FLAGS build)
+    variant_bin() { if [[ "$1" == *LING_BIN=ab* ]]; then echo build/device-ab/examples/ling; else echo $BUILD/examples/ling; fi; }
     variant_bench() {
-      local bin=$BUILD/examples/ling
-      [[ "$1" == *LING_BIN=ab* ]] && bin=build/device-ab/examples/ling
-      { echo; echo "### $1"; env ${1//,/ } $bin bench --spec ling3-flash --random-weights --contexts "$2" \
+      { echo; echo "### $1"; env ${1//,/ } "$(variant_bin "$1")" bench --spec ling3-flash --random-weights --contexts "$2" \
           --reps 3; } >>"$OUT/ling-bench.md" 2>&1; note "ling bench ($1): rc=$?"
     }
     for v in ${LING_CTX0_VARIANTS-}; do variant_bench "$v" 0; done
@@ -157,8 +157,7 @@ last wait exit; mid: the LING_TRACE_MOEA mark)" >>"$OUT/ling-bench.md"
       # LING_TRACE_MARKS: the LING_TRACE_MOEA marks to trace (MoeArgs::trace_mid); LING_TRACE_REGIONS: a regex of
       # the trace_summary.py lines to keep (all regions: "kda:|mla:")
       for m in ${LING_TRACE_MARKS:-5 4}; do
-        bin=$BUILD/examples/ling; [[ "$v" == *LING_BIN=ab* ]] && bin=build/device-ab/examples/ling
-        env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m $bin bench --spec ling3-flash \
+        env ${v//,/ } LING_TRACE="$OUT/trace.csv" LING_TRACE_MOEA=$m "$(variant_bin "$v")" bench --spec ling3-flash \
           --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
         echo "trace $v MOEA=$m: $(python3 tools/perf/trace_summary.py "$OUT/trace.csv" 2>&1 | grep -E "${LING_TRACE_REGIONS:-kda:moe[AB]}" | tr '\n' ' ')" \
           >>"$OUT/ling-bench.md"
