@@ -65,7 +65,8 @@ struct MoeArgs {
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
   // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
-  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
+  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies;
+  // 6, 7, 8 inside the selection, in the LING_MOE_DIAG_A=5 instance only (router_select_block).
   int trace_mid = 0;
 };
 
@@ -140,13 +141,16 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
 // scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores), 16-byte
 // aligned (the selection loads its keys, scratch + route.experts, 16 bytes at a time; else it takes a slower path).
+// trace / trace_mid: the selection's inner trace marks (router_select_block; launch A's measurement instance
+// LING_MOE_DIAG_A=5; null elsewhere).
 __device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch, RouteAhead const& ahead = {},
-                                                  bool use_ahead = false) {
+                                                  bool use_ahead = false, unsigned long long* trace = nullptr,
+                                                  int trace_mid = 0) {
   if (a.route.logits) {
     __shared__ float s_wsel[kMoeMaxTopK];
     bool const first = blockIdx.x == 0;
     router_select_block(a.route, scratch, scratch + a.route.experts, s_idx, s_wsel, ahead, use_ahead,
-                        first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr);
+                        first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr, trace, trace_mid);
   } else {
     stage_idx(s_idx, nullptr, a);
   }
@@ -1077,7 +1081,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode;
 // 3 skips the selection (fixed picks: experts k · experts / top_k), 4 also the router rows' dots and the grid barrier,
-// so that the step's time tells what a faster selection, or none, could gain (session 25's next step 1).
+// so that the step's time tells what a faster selection, or none, could gain (session 25's next step 1); 5 is the
+// default with trace marks inside the selection (LING_TRACE_MOEA=6|7|8, router_select_block), outputs correct
+// (session 27's next step 1).
 // Measured and removed (session 25): two routed row pairs per lane group and pass on the biased lookup (each limb word
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
@@ -1192,7 +1198,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
-  if constexpr (kDiag >= 3) {  // measurements only: fixed picks, evenly spaced experts, equal weights
+  if constexpr (kDiag == 3 || kDiag == 4) {  // measurements only: fixed picks, evenly spaced experts, equal weights
     int const t = int(threadIdx.x);
     if (t < a.top_k) {
       int const e = t * (a.route.experts / a.top_k);
@@ -1204,7 +1210,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     }
     __syncthreads();
   } else {
-    moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
+    moe_block_routing(a, s_idx, reinterpret_cast<float*>(q), ra, ahead, kDiag == 5 ? a.trace_a : nullptr, a.trace_mid);
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
@@ -1481,7 +1487,8 @@ inline int moe_stream_stage_cap() {
 // lookup; other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md,
 // session 20's next step 1. With the biased lookup and fused routing: fixed picks instead of the selection (3), and no
 // router dots or grid barrier either (4); session 25's next step 1.
-inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 4); }
+// =5: the default's code plus trace marks inside the selection (LING_TRACE_MOEA=6|7|8; outputs correct).
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 5); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1630,6 +1637,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
       }
       // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
+      if (biased && diag == 5) return go(moe_gate_up_stream_kernel<16, true, 5>, 16);
       if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
     }

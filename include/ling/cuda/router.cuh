@@ -261,9 +261,13 @@ inline __device__ __noinline__ void router_select_rest(RouteSel a, float* s_scor
 // shared memory, so that the selection's scratch does not cost its warps a ring stage); s_sel 16-byte aligned, or
 // the selection takes the slower paths.
 // out_idx2 / out_w2: a second copy of the picks (MoE launch A's block 0: global memory for launch B), or null.
+// trace / trace_mid (measurements, MoE launch A's LING_MOE_DIAG_A=5 instance; null elsewhere, which compiles the marks
+// out): point 2 of the block's timeline record at trace_mid 8 (thread 0's scores written), 6 (the first block barrier
+// passed: every score and chunk maximum in) or 7 (the second: the kept groups' candidates in).
 __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_score, float* s_sel, int* out_idx, float* out_w,
                                                     RouteAhead const& ahead = {}, bool use_ahead = false,
-                                                    int* out_idx2 = nullptr, float* out_w2 = nullptr) {
+                                                    int* out_idx2 = nullptr, float* out_w2 = nullptr,
+                                                    unsigned long long* trace = nullptr, int trace_mid = 0) {
   __shared__ __align__(16) union {
     float score[kRouterMaxGroups];       // the group scores
     uint2 top2[kRouterMaxExperts / 32];  // ranked path: each 32-expert chunk's two largest biased scores (ordered bits)
@@ -305,7 +309,9 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   }
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
   if ((two || ranked) && threadIdx.x < 32) s_cand.key[threadIdx.x] = 0ull;
+  if (trace && trace_mid == 8) trace_mark(trace, 2);
   __syncthreads();
+  if (trace && trace_mid == 6) trace_mark(trace, 2);
   if (!ranked) {
     router_select_rest(a, s_score, s_sel, s_group.score, s_keep, s_cand.key, two, out_idx, out_w, out_idx2, out_w2);
     return;
@@ -372,6 +378,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
     }
   }
   __syncthreads();
+  if (trace && trace_mid == 7) trace_mark(trace, 2);
   // the top-k by warp 0 (no block barriers), then the picks and their weights
   if (warp != 0) return;
   // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
