@@ -48,13 +48,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --f
 
 # 2. configure and build
 t0=$(date +%s)
-cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+# configure_cuda DIR [cmake args]: a Release build with CUDA for sm_90a in DIR
+configure_cuda() { cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a "${@:2}"; }
+configure_cuda $BUILD -DLING_BUILD_TESTS=ON -DLING_BUILD_BENCH=ON >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 # LING_AB_CUDA_FLAGS: a second `ling` binary built with these extra CUDA flags (build/device-ab, alongside the main
 # build), which the variants below that contain LING_BIN=ab run (A/B of compile-time trials in one call)
 if [ -n "${LING_AB_CUDA_FLAGS:-}" ]; then
-  (cmake -S . -B build/device-ab -G Ninja -DCMAKE_BUILD_TYPE=Release -DLING_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-      -DLING_BUILD_TESTS=OFF -DLING_BUILD_BENCH=OFF "-DCMAKE_CUDA_FLAGS=$LING_AB_CUDA_FLAGS" >"$OUT/build-ab.log" 2>&1 &&
+  (configure_cuda build/device-ab -DLING_BUILD_TESTS=OFF -DLING_BUILD_BENCH=OFF "-DCMAKE_CUDA_FLAGS=$LING_AB_CUDA_FLAGS" \
+      >"$OUT/build-ab.log" 2>&1 &&
    cmake --build build/device-ab -j "$(nproc)" --target ling >>"$OUT/build-ab.log" 2>&1; echo "rc=$?" >>"$OUT/build-ab.log") &
 fi
 cmake --build $BUILD -j "$(nproc)" --target $TARGETS >"$OUT/build.log" 2>&1

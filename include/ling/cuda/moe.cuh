@@ -1636,8 +1636,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
         return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
       }
-      // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
       if (biased && diag == 5) return go(moe_gate_up_stream_kernel<16, true, 5>, 16);
+      // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
       if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
     }

@@ -309,9 +309,12 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   }
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
   if ((two || ranked) && threadIdx.x < 32) s_cand.key[threadIdx.x] = 0ull;
-  if (trace && trace_mid == 8) trace_mark(trace, 2);
+  auto mark = [&](int at) {
+    if (trace && trace_mid == at) trace_mark(trace, 2);
+  };
+  mark(8);
   __syncthreads();
-  if (trace && trace_mid == 6) trace_mark(trace, 2);
+  mark(6);
   if (!ranked) {
     router_select_rest(a, s_score, s_sel, s_group.score, s_keep, s_cand.key, two, out_idx, out_w, out_idx2, out_w2);
     return;
@@ -378,7 +381,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
     }
   }
   __syncthreads();
-  if (trace && trace_mid == 7) trace_mark(trace, 2);
+  mark(7);
   // the top-k by warp 0 (no block barriers), then the picks and their weights
   if (warp != 0) return;
   // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
