@@ -56,4 +56,33 @@ template cudaError_t launch_lm_head<quant::Bf16>(DeviceMatrix<quant::Bf16> const
                                                  ArgmaxWorkspace const*, cudaStream_t);
 template BandwidthResult measure_read_bandwidth<16>(std::size_t, int);
 
+namespace test {
+
+// MoE launch A's selection (kernels::router_select_fast) in one block of `experts` threads on given logits: the picks
+// and weights to idx / w, and whether the candidate path ran to *cand (1) or the fallback (0).
+__global__ void select_fast_kernel(kernels::RouteSel a, int* idx, float* w, int* cand) {
+  extern __shared__ float4 smem_f4[];
+  kernels::RouteAhead ra{};
+  kernels::route_ahead_bias(a, ra);
+  kernels::route_ahead_logits(a, ra);
+  bool const c = kernels::router_select_fast(a, ra, true, reinterpret_cast<float*>(smem_f4), idx, w, nullptr, nullptr);
+  if (threadIdx.x == 0) *cand = c ? 1 : 0;
+}
+
+cudaError_t launch_select_fast(float const* logits, float const* bias, int experts, RouterParams const& p, int* idx, float* w,
+                               int* cand) {
+  kernels::RouteSel a;
+  a.logits = logits;
+  a.bias = bias;
+  a.experts = experts;
+  a.top_k = p.top_k;
+  a.n_group = p.n_group;
+  a.topk_group = p.topk_group;
+  a.norm_topk_prob = p.norm_topk_prob ? 1 : 0;
+  a.routed_scaling = p.routed_scaling;
+  select_fast_kernel<<<1, unsigned(experts), std::size_t(2 * experts) * sizeof(float)>>>(a, idx, w, cand);
+  return cudaGetLastError();
+}
+
+}  // namespace test
 }  // namespace ling::cuda

@@ -80,6 +80,64 @@ void check_router(std::int64_t experts, std::int64_t hidden, cuda::RouterParams 
 
 }  // namespace
 
+namespace ling::cuda::test {
+cudaError_t launch_select_fast(float const* logits, float const* bias, int experts, RouterParams const& p, int* idx, float* w,
+                               int* cand);
+}
+
+// MoE launch A's selection (router_select_fast: the candidate path, its fallback beyond 32 candidates) against the CPU
+// on given logits at Ling's shape: random scores, equal scores across groups and inside one (the candidate path's
+// tie-break), and patterns of a few values (more than 32 candidates: the fallback). Both paths must run.
+TEST_CASE("router: launch A's candidate selection and its fallback against the CPU, ties included") {
+  LING_REQUIRE_GPU();
+  int const experts = 512;
+  cuda::RouterParams const p{8, 8, 4, 2.5f, true};
+  layers::Router<>::Config cfg;
+  cfg.experts = Extent<dynamic>(experts, "num_experts");
+  cfg.hidden = Extent<dynamic>(64, "hidden_size");
+  cfg.top_k = p.top_k;
+  cfg.n_group = p.n_group;
+  cfg.topk_group = p.topk_group;
+  cfg.norm_topk_prob = p.norm_topk_prob;
+  cfg.routed_scaling_factor = p.routed_scaling;
+  DeviceVec dw(static_cast<std::size_t>(p.top_k));
+  cuda::DeviceBuffer didx(static_cast<std::size_t>(p.top_k) * sizeof(int)), dcand(sizeof(int));
+  int runs[2] = {0, 0};
+  for (int t = 0; t < 24; ++t) {
+    CAPTURE(t);
+    auto logits = randn(static_cast<std::size_t>(experts));
+    auto bias = randn(static_cast<std::size_t>(experts), 0.05f);
+    if (t % 3 == 1) {  // groups 0 and 1 equal (equal group scores too), and pairs of equal experts in group 2
+      for (int i = 0; i < 64; ++i) logits[std::size_t(64 + i)] = logits[std::size_t(i)], bias[std::size_t(64 + i)] = bias[std::size_t(i)];
+      for (int i = 0; i < 64; i += 2)
+        logits[std::size_t(129 + i)] = logits[std::size_t(128 + i)], bias[std::size_t(129 + i)] = bias[std::size_t(128 + i)];
+    } else if (t % 3 == 2) {  // a few values only: many candidates
+      for (int e = 0; e < experts; ++e) logits[std::size_t(e)] = float((e * 37 / 11 + e / 64) % 3), bias[std::size_t(e)] = 0.f;
+    }
+    DeviceVec dl(logits), db(bias);
+    dw.poison();
+    cuda::check(cudaMemset(didx.data(), 0xFF, didx.bytes()), "poison idx");
+    REQUIRE(cuda::test::launch_select_fast(dl.data(), db.data(), experts, p, didx.data<int>(), dw.data(), dcand.data<int>()) ==
+            cudaSuccess);
+    device_sync();
+    int cand = -1;
+    dcand.download(&cand, sizeof(int));
+    REQUIRE((cand == 0 || cand == 1));
+    ++runs[cand];
+    layers::Routing want = cpu::route_scores(cfg, logits.data(), bias);
+    std::vector<int> idx(static_cast<std::size_t>(p.top_k));
+    didx.download(idx.data(), idx.size() * sizeof(int));
+    auto wts = dw.get();
+    for (int k = 0; k < p.top_k; ++k) {
+      CAPTURE(k);
+      CHECK(idx[static_cast<std::size_t>(k)] == want.experts[static_cast<std::size_t>(k)]);
+      CHECK(wts[static_cast<std::size_t>(k)] == doctest::Approx(want.weights[static_cast<std::size_t>(k)]).epsilon(1e-5));
+    }
+  }
+  CHECK(runs[1] >= 16);  // random and paired scores: at most ~10 candidates
+  CHECK(runs[0] >= 1);   // three values: hundreds of candidates
+}
+
 TEST_CASE("router: Ling shape (512 experts, 8 groups keep 4, top-8, bf16 weights, bias)") {
   LING_REQUIRE_GPU();
   check_router<quant::Bf16>(512, 2560, {8, 8, 4, 2.5f, true}, true);

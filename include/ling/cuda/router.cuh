@@ -2,7 +2,7 @@
 // Router kernel (declarations in router.hpp; spec §2 "MoE FFN"). nvcc only.
 // All blocks compute logits (one row per warp task); the last block to finish (a counter after a fence) does the
 // grouped top-k selection in shared memory and re-arms the counter for the next launch. Without a counter the launch
-// stops at the logits: MoE launch A then selects (router_select_block in every block; fused routing).
+// stops at the logits: MoE launch A then selects (router_select_fast in every block; fused routing).
 #include <cuda_runtime.h>
 
 #include "ling/cuda/linear.cuh"
@@ -73,8 +73,8 @@ __device__ __forceinline__ void router_write_picks(RouteSel const& a, int chosen
   }
   if (lane < a.top_k) {
     float const wk = (a.norm_topk_prob ? w / (sum + 1e-20f) : w) * a.routed_scaling;
-    out_idx[lane] = chosen;
-    out_w[lane] = wk;
+    if (out_idx) out_idx[lane] = chosen;  // null: written already (router_select_cand)
+    if (out_w) out_w[lane] = wk;
     if (out_idx2) {
       out_idx2[lane] = chosen;
       out_w2[lane] = wk;
@@ -173,6 +173,116 @@ __device__ __forceinline__ void router_rank_masks(std::uint32_t const* keys, std
   for (int j = 0; j < 32; ++j) gt |= std::uint32_t(k[j] > ua) << j;
 #pragma unroll
   for (int j = 0; j < 32; ++j) ge |= std::uint32_t(k[j] >= ub) << j;
+}
+
+// Ranked paths (all lanes of a warp; n_group <= 32). router_group_top2: lane g < n_group gets group g's two largest
+// biased scores (ordered bits, NaN as -inf) merged from its nh chunks' (top2, router_chunk_top2); other lanes get
+// ~0u twice. router_keep_groups: the kept groups as a bit mask: lane g scores group g as b1 + b2, ranks it among the
+// others by shuffles (ties: lower index) and a ballot keeps the topk_group best.
+__device__ __forceinline__ uint2 router_group_top2(RouteSel const& a, uint2 const* top2, int nh) {
+  int const lane = threadIdx.x & 31;
+  uint2 t = make_uint2(0xFFFFFFFFu, 0xFFFFFFFFu);
+  if (lane < a.n_group) {
+    t = top2[lane * nh];
+    if (nh == 2) {
+      uint2 const o = top2[lane * 2 + 1];
+      t = make_uint2(umax(t.x, o.x), umax(umin(t.x, o.x), umax(t.y, o.y)));
+    }
+  }
+  return t;
+}
+__device__ __forceinline__ unsigned router_keep_groups(RouteSel const& a, uint2 t) {
+  int const lane = threadIdx.x & 31;
+  float const v = lane < a.n_group ? ordered_float(t.x) + ordered_float(t.y) : 0.f;
+  int rank = 0;
+#pragma unroll 1
+  for (int o0 = 0; o0 < a.n_group; o0 += 8) {  // the eight shuffles before their compares
+    float w[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) w[i] = __shfl_sync(0xffffffffu, v, o0 + i);
+    std::uint32_t better = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      int const o = o0 + i;
+      better |= std::uint32_t((o < a.n_group) & ((w[i] > v) | ((w[i] == v) & (o < lane)))) << i;
+    }
+    rank += __popc(better);
+  }
+  return __ballot_sync(0xffffffffu, lane < a.n_group && rank < a.topk_group);
+}
+
+// Where the candidate selection applies (router_select_cand): one expert per thread, groups of 32 or 64 experts,
+// n_group <= 32, and the kept groups' two largest scores (2 · topk_group of them) at least top_k.
+__host__ __device__ inline bool router_cand_fits(RouteSel const& a, int threads) {
+  if (!a.ranked || a.experts != threads || threads % 32 != 0 || a.n_group <= 1 || a.n_group > 32) return false;
+  if (a.topk_group >= a.n_group || a.experts % a.n_group != 0 || a.top_k < 1 || a.top_k > 2 * a.topk_group) return false;
+  int const gsize = a.experts / a.n_group;
+  return gsize == 32 || gsize == 64;
+}
+
+// The selection by candidates (MoE launch A; router_cand_fits(a, blockDim.x); all threads call it): thread e scores
+// expert e from its logit l and bias. After one block barrier every warp finds the kept groups itself (the group
+// scores from the chunks' two largest, router_keep_groups) and T, the smallest of the kept groups' two largest biased
+// scores. These are 2 · topk_group >= top_k experts at T or above, so the top_k lie at T or above: the kept experts at
+// T or above are the candidates, usually about top_k of them. They append themselves (a shared counter) as 64-bit
+// keys (ordered bits of the biased score, then the complement of the id, as in argmax_key: unique, and equal bits
+// rank the lower id first) with their scores. After a second barrier warp 0 ranks them by counting and writes pick k
+// to out_idx[k] (shared or global memory) and its unnormalized score to out_s[k] (shared; top_k each); the caller
+// synchronizes before reading them, and router_write_picks makes the weights (its sum runs over out_s in pick order).
+// Returns false in every thread when there are more than 32 candidates (ties at T, or NaN scores) or fewer than
+// top_k (negative NaN scores): nothing is written then, and the caller runs router_select_block. The same picks and
+// weights as the other paths (tested against the CPU on ties and on the fallback; bench/probes/select_chain compares
+// the two paths bit for bit).
+// Against the ranked path of router_select_block: each kept group's top_k ranked by one warp (2 330 of its ~4 800
+// cycles, H200) becomes a threshold and an append, and the weights leave the chain.
+__device__ __forceinline__ bool router_select_cand(RouteSel const& a, float l, float bias, int* out_idx, float* out_s) {
+  __shared__ __align__(16) uint2 s_top2[kRouterMaxExperts / 32];
+  __shared__ __align__(16) unsigned long long s_ckey[32];
+  __shared__ float s_cs[32];
+  __shared__ int s_n;
+  int const e = int(threadIdx.x), lane = e & 31, warp = e >> 5;
+  int const nh = (a.experts / a.n_group) >> 5;
+  float const s = 1.0f / (1.0f + expf(-l)), v = s + bias;
+  std::uint32_t const key = ordered_bits(v);
+  router_chunk_top2(v, s_top2[warp]);
+  if (e == 0) s_n = 0;
+  __syncthreads();
+  uint2 const t = router_group_top2(a, s_top2, nh);
+  unsigned const keep = router_keep_groups(a, t);
+  std::uint32_t const thr = __reduce_min_sync(0xffffffffu, ((keep >> lane) & 1u) ? t.y : 0xFFFFFFFFu);
+  bool const cand = ((keep >> (warp / nh)) & 1u) && key >= thr;
+  unsigned const bal = __ballot_sync(0xffffffffu, cand);
+  if (bal != 0u) {
+    int const lead = __ffs(bal) - 1;
+    int base = 0;
+    if (lane == lead) base = atomicAdd(&s_n, __popc(bal));
+    base = __shfl_sync(0xffffffffu, base, lead);
+    int const slot = base + __popc(bal & ((1u << lane) - 1u));
+    if (cand && slot < 32) {
+      s_ckey[slot] = (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - std::uint32_t(e));
+      s_cs[slot] = s;
+    }
+  }
+  __syncthreads();
+  int const n = s_n;
+  if (n > 32 || n < a.top_k) return false;  // n < top_k: negative NaN scores (keys below -inf's)
+  if (warp == 0) {
+    unsigned long long const ck = lane < n ? s_ckey[lane] : 0ull;
+    float const cs = lane < n ? s_cs[lane] : 0.f;
+    ulonglong2 const* const k2 = reinterpret_cast<ulonglong2 const*>(s_ckey);
+    std::uint32_t gt = 0u;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      ulonglong2 const w = k2[i];
+      gt |= (std::uint32_t(w.x > ck) << (2 * i)) | (std::uint32_t(w.y > ck) << (2 * i + 1));
+    }
+    int const r = __popc(gt & (n == 32 ? 0xFFFFFFFFu : (1u << n) - 1u));
+    if (lane < n && r < a.top_k) {
+      out_idx[r] = int(0xFFFFFFFFu - std::uint32_t(ck & 0xFFFFFFFFu));
+      out_s[r] = cs;
+    }
+  }
+  return true;
 }
 
 // The selection's paths other than the ranked one (router_select_block: the two-stage grouped top-k, or groups dropped
@@ -324,30 +434,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   // warps j < topk_group: the group scores at lanes g (b1 + b2 from the group's chunks), each group's rank among
   // them (ties: lower index) by shuffles, the keep mask by a ballot; then warp j ranks the j-th kept group's experts
   if (warp < a.topk_group) {
-    float v = 0.f;
-    if (lane < a.n_group) {
-      uint2 t = s_group.top2[lane * nh];
-      if (nh == 2) {
-        uint2 const o = s_group.top2[lane * 2 + 1];
-        t = make_uint2(umax(t.x, o.x), umax(umin(t.x, o.x), umax(t.y, o.y)));
-      }
-      v = ordered_float(t.x) + ordered_float(t.y);
-    }
-    int rank = 0;
-#pragma unroll 1
-    for (int o0 = 0; o0 < a.n_group; o0 += 8) {  // n_group <= 32 here; the eight shuffles before their compares
-      float w[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) w[i] = __shfl_sync(0xffffffffu, v, o0 + i);
-      std::uint32_t better = 0u;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        int const o = o0 + i;
-        better |= std::uint32_t((o < a.n_group) & ((w[i] > v) | ((w[i] == v) & (o < lane)))) << i;
-      }
-      rank += __popc(better);
-    }
-    unsigned const keep = __ballot_sync(0xffffffffu, lane < a.n_group && rank < a.topk_group);
+    unsigned const keep = router_keep_groups(a, router_group_top2(a, s_group.top2, nh));
     for (int j = warp; j < a.topk_group; j += nwarps) {
       int const g = __ffs(__ballot_sync(0xffffffffu, ((keep >> lane) & 1u) && __popc(keep & below) == j)) - 1;
       // lane l ranks experts l (key ka) and 32 + l (kb) of the group against all its experts. The first chunk's
@@ -404,6 +491,37 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   int const chosen = lane < a.top_k ? s_pick[lane] : 0;
   float const w = lane < a.top_k ? s_pick_w[lane] : 0.f;
   router_write_picks(a, chosen, w, s_pick_w, out_idx, out_w, out_idx2, out_w2);
+}
+
+// router_select_fast's fallback, out of line (MoE launch A inlines the selection in every block; this code runs only
+// when router_select_cand declines): router_select_block from the scores in registers, then a block barrier.
+inline __device__ __noinline__ void router_select_fallback(RouteSel a, RouteAhead ra, bool use_ahead, float* scratch,
+                                                           int* out_idx, float* out_w, int* out_idx2, float* out_w2) {
+  router_select_block(a, scratch, scratch + a.experts, out_idx, out_w, ra, use_ahead, out_idx2, out_w2);
+  __syncthreads();
+}
+
+// The selection as MoE launch A runs it (all threads of the block call it; scratch: 2 · a.experts floats of shared
+// memory, 16-byte aligned, free until the end of the call): router_select_cand where it fits and has at most 32
+// candidates, else router_select_block (out of line). At return the block is synchronized and out_idx (shared or
+// global) holds the picks. The weights go to out_w and the picks and weights to out_idx2 / out_w2 where those are
+// non-null; with the candidate path warp 0 writes them after that barrier, so the caller synchronizes again before
+// reading them (launch A does not read them: block 0 writes them for launch B). Returns whether the candidate path ran.
+__device__ __forceinline__ bool router_select_fast(RouteSel const& a, RouteAhead const& ra, bool use_ahead, float* scratch,
+                                                   int* out_idx, float* out_w, int* out_idx2, float* out_w2) {
+  __shared__ float s_cs[32];
+  if (use_ahead && router_cand_fits(a, int(blockDim.x)) && router_select_cand(a, ra.l[0], ra.b[0], out_idx, s_cs)) {
+    __syncthreads();
+    if (threadIdx.x < 32 && (out_w || out_idx2)) {
+      int const lane = int(threadIdx.x);
+      int const chosen = lane < a.top_k ? out_idx[lane] : 0;
+      float const w = lane < a.top_k ? s_cs[lane] : 0.f;
+      router_write_picks(a, chosen, w, s_cs, nullptr, out_w, out_idx2, out_w2);
+    }
+    return true;
+  }
+  router_select_fallback(a, ra, use_ahead, scratch, out_idx, out_w, out_idx2, out_w2);
+  return false;
 }
 
 template <class K>
