@@ -13,6 +13,31 @@ using namespace ling::test_ops;
 
 namespace {
 
+// The CPU router's config for the GPU router's parameters.
+layers::Router<>::Config router_config(std::int64_t experts, std::int64_t hidden, cuda::RouterParams const& p) {
+  layers::Router<>::Config cfg;
+  cfg.experts = Extent<dynamic>(experts, "num_experts");
+  cfg.hidden = Extent<dynamic>(hidden, "hidden_size");
+  cfg.top_k = p.top_k;
+  cfg.n_group = p.n_group;
+  cfg.topk_group = p.topk_group;
+  cfg.norm_topk_prob = p.norm_topk_prob;
+  cfg.routed_scaling_factor = p.routed_scaling;
+  return cfg;
+}
+
+// The GPU's picks (didx) and weights (dw) against the CPU's.
+void check_picks(layers::Routing const& want, cuda::DeviceBuffer const& didx, DeviceVec const& dw, int top_k) {
+  std::vector<int> idx(static_cast<std::size_t>(top_k));
+  didx.download(idx.data(), idx.size() * sizeof(int));
+  auto wts = dw.get();
+  for (int k = 0; k < top_k; ++k) {
+    CAPTURE(k);
+    CHECK(idx[static_cast<std::size_t>(k)] == want.experts[static_cast<std::size_t>(k)]);
+    CHECK(wts[static_cast<std::size_t>(k)] == doctest::Approx(want.weights[static_cast<std::size_t>(k)]).epsilon(1e-5));
+  }
+}
+
 // distinct > 0 (unscaled policies): every router row and bias is one of `distinct` patterns, so that many experts tie
 // (equal logits and biased scores, in one group and across groups, and equal group scores): the selection must break
 // the ties by the lower expert id and the lower group index, as the CPU does.
@@ -44,14 +69,7 @@ void check_router(std::int64_t experts, std::int64_t hidden, cuda::RouterParams 
   cpu::Matrix um = Eigen::Map<cpu::Matrix const>(u.data(), 1, hidden);
   cpu::Matrix logits_ref = cpu::linear(L::view(w.view()), um);
 
-  layers::Router<>::Config cfg;
-  cfg.experts = Extent<dynamic>(experts, "num_experts");
-  cfg.hidden = Extent<dynamic>(hidden, "hidden_size");
-  cfg.top_k = p.top_k;
-  cfg.n_group = p.n_group;
-  cfg.topk_group = p.topk_group;
-  cfg.norm_topk_prob = p.norm_topk_prob;
-  cfg.routed_scaling_factor = p.routed_scaling;
+  layers::Router<>::Config const cfg = router_config(experts, hidden, p);
   REQUIRE(cuda::can_implement_router(experts, p).is_ok());
 
   for (int rep = 0; rep < 2; ++rep) {
@@ -66,15 +84,7 @@ void check_router(std::int64_t experts, std::int64_t hidden, cuda::RouterParams 
     for (std::int64_t e = 0; e < experts; ++e) ref[static_cast<std::size_t>(e)] = logits_ref(0, e);
     CHECK(rel_l2(logits, ref) < 1e-5);
 
-    layers::Routing want = cpu::route_scores(cfg, logits.data(), bias);
-    std::vector<int> idx(static_cast<std::size_t>(p.top_k));
-    didx.download(idx.data(), idx.size() * sizeof(int));
-    auto wts = dweights.get();
-    for (int k = 0; k < p.top_k; ++k) {
-      CAPTURE(k);
-      CHECK(idx[static_cast<std::size_t>(k)] == want.experts[static_cast<std::size_t>(k)]);
-      CHECK(wts[static_cast<std::size_t>(k)] == doctest::Approx(want.weights[static_cast<std::size_t>(k)]).epsilon(1e-5));
-    }
+    check_picks(cpu::route_scores(cfg, logits.data(), bias), didx, dweights, p.top_k);
   }
 }
 
@@ -92,14 +102,7 @@ TEST_CASE("router: launch A's candidate selection and its fallback against the C
   LING_REQUIRE_GPU();
   int const experts = 512;
   cuda::RouterParams const p{8, 8, 4, 2.5f, true};
-  layers::Router<>::Config cfg;
-  cfg.experts = Extent<dynamic>(experts, "num_experts");
-  cfg.hidden = Extent<dynamic>(64, "hidden_size");
-  cfg.top_k = p.top_k;
-  cfg.n_group = p.n_group;
-  cfg.topk_group = p.topk_group;
-  cfg.norm_topk_prob = p.norm_topk_prob;
-  cfg.routed_scaling_factor = p.routed_scaling;
+  layers::Router<>::Config const cfg = router_config(experts, 64, p);
   DeviceVec dw(static_cast<std::size_t>(p.top_k));
   cuda::DeviceBuffer didx(static_cast<std::size_t>(p.top_k) * sizeof(int)), dcand(sizeof(int));
   int runs[2] = {0, 0};
@@ -124,15 +127,7 @@ TEST_CASE("router: launch A's candidate selection and its fallback against the C
     dcand.download(&cand, sizeof(int));
     REQUIRE((cand == 0 || cand == 1));
     ++runs[cand];
-    layers::Routing want = cpu::route_scores(cfg, logits.data(), bias);
-    std::vector<int> idx(static_cast<std::size_t>(p.top_k));
-    didx.download(idx.data(), idx.size() * sizeof(int));
-    auto wts = dw.get();
-    for (int k = 0; k < p.top_k; ++k) {
-      CAPTURE(k);
-      CHECK(idx[static_cast<std::size_t>(k)] == want.experts[static_cast<std::size_t>(k)]);
-      CHECK(wts[static_cast<std::size_t>(k)] == doctest::Approx(want.weights[static_cast<std::size_t>(k)]).epsilon(1e-5));
-    }
+    check_picks(cpu::route_scores(cfg, logits.data(), bias), didx, dw, p.top_k);
   }
   CHECK(runs[1] >= 16);  // random and paired scores: at most ~10 candidates
   CHECK(runs[0] >= 1);   // three values: hundreds of candidates
