@@ -71,15 +71,7 @@ __global__ void select_fast_kernel(kernels::RouteSel a, int* idx, float* w, int*
 
 cudaError_t launch_select_fast(float const* logits, float const* bias, int experts, RouterParams const& p, int* idx, float* w,
                                int* cand) {
-  kernels::RouteSel a;
-  a.logits = logits;
-  a.bias = bias;
-  a.experts = experts;
-  a.top_k = p.top_k;
-  a.n_group = p.n_group;
-  a.topk_group = p.topk_group;
-  a.norm_topk_prob = p.norm_topk_prob ? 1 : 0;
-  a.routed_scaling = p.routed_scaling;
+  kernels::RouteSel const a{logits, bias, experts, p.top_k, p.n_group, p.topk_group, p.norm_topk_prob ? 1 : 0, p.routed_scaling};
   select_fast_kernel<<<1, unsigned(experts), std::size_t(2 * experts) * sizeof(float)>>>(a, idx, w, cand);
   return cudaGetLastError();
 }

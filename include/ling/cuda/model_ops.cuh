@@ -444,7 +444,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   k.routed_limit = a.limit;
   k.trace_a = trace_next();
   k.trace_b = k.trace_a ? k.trace_a + kTraceRegion : nullptr;
-  if (k.trace_a) {  // LING_TRACE_MOEA=1..8: launch A's midpoint (MoeArgs::trace_mid)
+  if (k.trace_a) {  // LING_TRACE_MOEA=1..5: launch A's midpoint (MoeArgs::trace_mid)
     char const* e = std::getenv("LING_TRACE_MOEA");
     k.trace_mid = e ? std::atoi(e) : 0;
   }

@@ -65,8 +65,7 @@ struct MoeArgs {
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
   // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
-  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies;
-  // 6, 7, 8 inside the selection, in the LING_MOE_DIAG_A=5 instance only (router_select_block).
+  // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
 };
 
@@ -141,14 +140,11 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 // the router launch; block 0 writes the picks for launch B), or the ids the router launch wrote. Ends synchronized.
 // scratch: 2 · route.experts floats of shared memory, free until the end of this call (the selection's scores), 16-byte
 // aligned (the selection loads its keys, scratch + route.experts, 16 bytes at a time; else it takes a slower path).
-// trace / trace_mid: the selection's inner trace marks (router_select_block; launch A's measurement instance
-// LING_MOE_DIAG_A=5; null elsewhere).
 // kCand (the streamed launch A): router_select_fast (the candidate selection; its fallback out of line), which ends
 // synchronized itself; block 0's warp 0 writes launch B's picks after that barrier. Else router_select_block inline.
 template <bool kCand = false>
 __device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, float* scratch, RouteAhead const& ahead = {},
-                                                  bool use_ahead = false, unsigned long long* trace = nullptr,
-                                                  int trace_mid = 0) {
+                                                  bool use_ahead = false) {
   if (a.route.logits) {
     bool const first = blockIdx.x == 0;
     if constexpr (kCand) {
@@ -158,7 +154,7 @@ __device__ __forceinline__ void moe_block_routing(MoeArgs const& a, int* s_idx, 
     }
     __shared__ float s_wsel[kMoeMaxTopK];
     router_select_block(a.route, scratch, scratch + a.route.experts, s_idx, s_wsel, ahead, use_ahead,
-                        first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr, trace, trace_mid);
+                        first ? a.sel_idx : nullptr, first ? a.sel_w : nullptr);
   } else {
     stage_idx(s_idx, nullptr, a);
   }
@@ -1089,10 +1085,11 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // kDiag (measurements only, LING_MOE_DIAG_A; the outputs are then wrong): 1 decodes the first half of each routed
 // row's chunks, 2 none, so that the step's time with less decode work tells how much of launch A's tail is decode;
 // 3 skips the selection (fixed picks: experts k · experts / top_k), 4 also the router rows' dots and the grid barrier,
-// so that the step's time tells what a faster selection, or none, could gain (session 25's next step 1); 5 is
-// session 27's default (the two-pass ranked selection, router_select_block, inline) with trace marks inside the
-// selection (LING_TRACE_MOEA=6|7|8), 7 the same without the marks: outputs correct, for A/B against the default's
-// candidate selection (router_select_fast; session 28: 2.267 against 2.298-2.300 ms/token, H200).
+// so that the step's time tells what a faster selection, or none, could gain (session 25's next step 1); 7 is
+// session 27's default selection (the two-pass ranked path, router_select_block, inline): outputs correct, for A/B
+// against the default's candidate selection (router_select_fast; session 28: 2.267 against 2.298-2.300 ms/token,
+// H200). Session 27's 5, the same with trace marks inside it (LING_TRACE_MOEA=6|7|8), measured that path and is
+// removed with its marks (session 28).
 // Measured and removed (session 28, docs/kernels.md "Launch A's selection by candidates"): the selection run dry by the
 // warps without a router row while the others computed theirs (one code copy, named barriers), so that its code was
 // warm for the real pass: 2.396 against 2.296-2.298 ms/token (the dry pass held back the grid barrier by 2.5 us);
@@ -1223,8 +1220,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     }
     __syncthreads();
   } else {
-    moe_block_routing<kDiag != 5 && kDiag != 7>(a, s_idx, reinterpret_cast<float*>(q), ra, ahead,
-                                                kDiag == 5 ? a.trace_a : nullptr, a.trace_mid);
+    moe_block_routing<kDiag != 7>(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
@@ -1501,8 +1497,8 @@ inline int moe_stream_stage_cap() {
 // lookup; other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md,
 // session 20's next step 1. With the biased lookup and fused routing: fixed picks instead of the selection (3), and no
 // router dots or grid barrier either (4); session 25's next step 1.
-// =5: the two-pass ranked selection (router_select_block inline, session 27's default) plus trace marks inside it
-// (LING_TRACE_MOEA=6|7|8; outputs correct); =7: the same without the marks, for A/B against the candidate selection.
+// =7: the two-pass ranked selection (router_select_block inline, session 27's default; outputs correct), for A/B
+// against the candidate selection.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 7); }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
@@ -1651,7 +1647,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
         return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
       }
-      if (biased && diag == 5) return go(moe_gate_up_stream_kernel<16, true, 5>, 16);
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
       // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
       if (biased && a.route.logits && a.route.experts >= a.top_k)

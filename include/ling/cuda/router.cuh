@@ -54,6 +54,10 @@ __device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead
   }
 }
 
+// An expert's score from its router logit, as the CPU router computes it (the value of linear.cuh's gate_sigmoid;
+// kept as a division, the form every selection path was measured with).
+__device__ __forceinline__ float router_score(float l) { return 1.0f / (1.0f + expf(-l)); }
+
 // Lane k < top_k of the calling warp holds pick k (id chosen, weight w); s_w[k] is w_k for every k < top_k (shared
 // memory): writes the pick and its weight. The weight sum is added in pick order, as the CPU adds them (sum += w_0,
 // sum += w_1, ...); the eight loads of a step are issued before its eight adds, so the chain is one load latency and
@@ -242,7 +246,7 @@ __device__ __forceinline__ bool router_select_cand(RouteSel const& a, float l, f
   __shared__ int s_n;
   int const e = int(threadIdx.x), lane = e & 31, warp = e >> 5;
   int const nh = (a.experts / a.n_group) >> 5;
-  float const s = 1.0f / (1.0f + expf(-l)), v = s + bias;
+  float const s = router_score(l), v = s + bias;
   std::uint32_t const key = ordered_bits(v);
   router_chunk_top2(v, s_top2[warp]);
   if (e == 0) s_n = 0;
@@ -371,13 +375,9 @@ inline __device__ __noinline__ void router_select_rest(RouteSel a, float* s_scor
 // shared memory, so that the selection's scratch does not cost its warps a ring stage); s_sel 16-byte aligned, or
 // the selection takes the slower paths.
 // out_idx2 / out_w2: a second copy of the picks (MoE launch A's block 0: global memory for launch B), or null.
-// trace / trace_mid (measurements, MoE launch A's LING_MOE_DIAG_A=5 instance; null elsewhere, which compiles the marks
-// out): point 2 of the block's timeline record at trace_mid 8 (thread 0's scores written), 6 (the first block barrier
-// passed: every score and chunk maximum in) or 7 (the second: the kept groups' candidates in).
 __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_score, float* s_sel, int* out_idx, float* out_w,
                                                     RouteAhead const& ahead = {}, bool use_ahead = false,
-                                                    int* out_idx2 = nullptr, float* out_w2 = nullptr,
-                                                    unsigned long long* trace = nullptr, int trace_mid = 0) {
+                                                    int* out_idx2 = nullptr, float* out_w2 = nullptr) {
   __shared__ __align__(16) union {
     float score[kRouterMaxGroups];       // the group scores
     uint2 top2[kRouterMaxExperts / 32];  // ranked path: each 32-expert chunk's two largest biased scores (ordered bits)
@@ -399,7 +399,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   // two-stage top-k (the same picks, in the same order: the overall top_k lie in the kept groups' own top_k lists)
   bool const two = !ranked && grouped && gsize <= 64 && a.topk_group * a.top_k <= 32 && a.n_group <= 32;
   auto put = [&](int e, float l, float bias) {
-    float const s = 1.0f / (1.0f + expf(-l)), v = s + bias;
+    float const s = router_score(l), v = s + bias;
     s_score[e] = s;
     if (ranked) {
       reinterpret_cast<std::uint32_t*>(s_sel)[e] = ordered_bits(v);
@@ -419,12 +419,7 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
   }
   for (int e = e0; e < E; e += blockDim.x) put(e, __ldcg(a.logits + e), a.bias ? a.bias[e] : 0.f);  // written by other blocks: bypass L1
   if ((two || ranked) && threadIdx.x < 32) s_cand.key[threadIdx.x] = 0ull;
-  auto mark = [&](int at) {
-    if (trace && trace_mid == at) trace_mark(trace, 2);
-  };
-  mark(8);
   __syncthreads();
-  mark(6);
   if (!ranked) {
     router_select_rest(a, s_score, s_sel, s_group.score, s_keep, s_cand.key, two, out_idx, out_w, out_idx2, out_w2);
     return;
@@ -468,7 +463,6 @@ __device__ __forceinline__ void router_select_block(RouteSel const& a, float* s_
     }
   }
   __syncthreads();
-  mark(7);
   // the top-k by warp 0 (no block barriers), then the picks and their weights
   if (warp != 0) return;
   // candidate l's rank among the topk_group · top_k candidates. Equal keys of two candidates: the one in the lower
