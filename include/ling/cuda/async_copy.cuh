@@ -75,6 +75,10 @@ __device__ __forceinline__ void mbar_arrive_expect(std::uint64_t* bar, std::uint
   asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
+// One arrival on the barrier (no bytes announced); it releases the caller's earlier writes to the barrier's waiters.
+__device__ __forceinline__ void mbar_arrive(std::uint64_t* bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(smem_u32(bar)) : "memory");
+}
 // Copies `bytes` (a multiple of 16) from global src to shared dst (both 16-byte aligned), completing on bar.
 __device__ __forceinline__ void bulk_copy(void* dst, void const* src, std::uint32_t bytes, std::uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),

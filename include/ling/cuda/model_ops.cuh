@@ -449,6 +449,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
     k.trace_mid = e ? std::atoi(e) : 0;
   }
   k.shared_limit = a.shared_limit;
+  k.pace = kernels::moe_pace_a();
   if (a.routed_mma) {
     require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,
             "moe: the tensor-core path needs MXFP4 experts with hidden and moe_intermediate_size multiples of 128");

@@ -67,6 +67,10 @@ struct MoeArgs {
   // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
   // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
+  // LING_MOE_DIAG_A=8 only (a trial, not the default): launch A's r-th warp with routed tiles issues them pace · r SM
+  // cycles after the selection (LING_MOE_PACE, default 700), so that a block's tiles land in order
+  // (bench/probes/tile_landing).
+  int pace = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -1103,7 +1107,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
   __shared__ int s_idx[kMoeMaxTopK];
-  __shared__ std::uint64_t s_bar[kW * kStreamMaxStages];
+  __shared__ std::uint64_t s_bar[kW * kStreamMaxStages + (kDiag == 8 ? 1 : 0)];  // kDiag 8: + the limbs' barrier
   __shared__ __align__(8) std::uint32_t s_tab[2];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
@@ -1165,6 +1169,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   trace_mark(a.trace_a, 0);
   if (lane == 0) {
     for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
+    if (kDiag == 8 && warp == 0) mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
     mbar_init_fence();
   }
   __syncwarp();
@@ -1224,11 +1229,31 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
-  for (int m = pre; m < D && m < mine; ++m) issue(m);
-  if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
-  e2m1_tables_store(s_tab);
-  stage_q8(q, sx, xs, nblk, kXPre);
-  __syncthreads();
+  if constexpr (kDiag != 8) {
+    for (int m = pre; m < D && m < mine; ++m) issue(m);
+    if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
+    e2m1_tables_store(s_tab);
+    stage_q8(q, sx, xs, nblk, kXPre);
+    __syncthreads();
+  } else {  // paced (MoeArgs::pace): the r-th warp with routed tiles issues them pace · r cycles from now
+    int const first_routed = sp.shared_tiles > b ? min(kW, (sp.shared_tiles - b - 1) / G + 1) : 0;
+    int const r = warp - first_routed;
+    long long const at = clock64() + static_cast<long long>(a.pace) * r;
+    if (r <= 0)
+      for (int m = pre; m < D && m < mine; ++m) issue(m);
+    e2m1_tables_store(s_tab);
+    stage_q8(q, sx, xs, nblk, kXPre);
+    std::uint64_t* const qbar = s_bar + kW * kStreamMaxStages;
+    mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
+    if (r > 0 && pre < D && pre < mine) {
+      if (lane == 0)
+        while (clock64() < at) __nanosleep(20);
+      __syncwarp();
+      for (int m = pre; m < D && m < mine; ++m) issue(m);
+    }
+    if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
+    mbar_wait(qbar, 0);  // every thread's limbs (and thread 0's tables) are staged
+  }
   std::uint32_t pos_lo = 0, neg_lo = 0;
   if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
 
@@ -1499,7 +1524,16 @@ inline int moe_stream_stage_cap() {
 // router dots or grid barrier either (4); session 25's next step 1.
 // =7: the two-pass ranked selection (router_select_block inline, session 27's default; outputs correct), for A/B
 // against the candidate selection.
-inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 7); }
+// =8: the routed tiles' copies paced (MoeArgs::pace; a trial written in session 29, docs/performance.md).
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 8); }
+// MoeArgs::pace for LING_MOE_DIAG_A=8: LING_MOE_PACE=n SM cycles between a block's routed warps (default 700)
+inline int moe_pace_a() {
+  static int const v = [] {
+    char const* e = std::getenv("LING_MOE_PACE");
+    return e && *e ? std::max(0, std::min(std::atoi(e), 1 << 16)) : 700;
+  }();
+  return v;
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = [] {
@@ -1648,6 +1682,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         return diag == 1 ? go(moe_gate_up_stream_kernel<16, false, 1>, 16) : go(moe_gate_up_stream_kernel<16, false, 2>, 16);
       }
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
+      if (biased && diag == 8) return go(moe_gate_up_stream_kernel<16, true, 8>, 16);
       // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
       if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
