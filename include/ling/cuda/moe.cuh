@@ -1093,7 +1093,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // session 27's default selection (the two-pass ranked path, router_select_block, inline): outputs correct, for A/B
 // against the default's candidate selection (router_select_fast; session 28: 2.267 against 2.298-2.300 ms/token,
 // H200). Session 27's 5, the same with trace marks inside it (LING_TRACE_MOEA=6|7|8), measured that path and is
-// removed with its marks (session 28).
+// removed with its marks (session 28). 8: the routed tiles' copies paced (MoeArgs::pace; outputs correct), a trial
+// written in session 29 and not yet measured: the same idea with the pace's code inside the default kernel measured
+// 2.272-2.278 against 2.265 ms/token (docs/kernels.md "Launch A's routed tiles land together").
 // Measured and removed (session 28, docs/kernels.md "Launch A's selection by candidates"): the selection run dry by the
 // warps without a router row while the others computed theirs (one code copy, named barriers), so that its code was
 // warm for the real pass: 2.396 against 2.296-2.298 ms/token (the dry pass held back the grid barrier by 2.5 us);
