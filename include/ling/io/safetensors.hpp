@@ -52,8 +52,12 @@ struct TensorInfo {
 
 inline std::string shape_to_string(std::span<std::int64_t const> shape) {
   std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(shape[i]);  // appended, not `"," + std::string`: GCC 12 warns on that form (-Wrestrict)
+  }
+  s += ']';
+  return s;
 }
 
 // A read-only mapping of a whole file (POSIX mmap). Movable, not copyable.
