@@ -1,12 +1,15 @@
 #pragma once
 // What the probes share (bench/probes/*.cu: plain CUDA programs that measure one property of the machine): the error
-// check, the streaming load, rows streamed the way matvec_lane_kernel reads them, and the timing of a captured graph.
+// check, the streaming load, rows streamed the way matvec_lane_kernel reads them, the timing of a captured graph, and a
+// quantile of measurements.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CK(x)                                                                                     \
   do {                                                                                            \
@@ -91,6 +94,13 @@ float time_graph(cudaStream_t st, int per, F enqueue) {
   CK(cudaGraphExecDestroy(ge));
   CK(cudaGraphDestroy(g));
   return best * 1000.f / float(10 * per);
+}
+
+// The p-quantile of v (0.5: the median; v[⌊p · n⌋] of the sorted values, capped at the largest); 0 for none.
+inline double quantile(std::vector<double> v, double p) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, std::size_t(p * double(v.size())))];
 }
 
 }  // namespace probe

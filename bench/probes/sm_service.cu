@@ -83,10 +83,7 @@ int main() {
     std::sort(order.begin(), order.end(), [&](int x, int y) { return end[std::size_t(x)] > end[std::size_t(y)]; });
     for (int k = 0; k < 10 && k < sms; ++k) ++top10[std::size_t(order[std::size_t(k)])];
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
+  auto median = [](std::vector<double> const& v) { return probe::quantile(v, 0.5); };
   std::printf("SMs %d, %d blocks x 256 threads, %.1f MB of 2560-byte rows, %d runs; block-end spread (us): median %.2f\n",
               sms, blocks, double(bytes) / 1e6, runs, median(spread));
   std::vector<std::pair<double, int>> m;

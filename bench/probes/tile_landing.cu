@@ -183,16 +183,7 @@ __global__ void fill_kernel(std::uint32_t* p, std::size_t n, std::uint32_t seed)
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, std::size_t(p * double(v.size())))];
-}
+double median(std::vector<double> const& v) { return probe::quantile(v, 0.5); }
 
 }  // namespace
 
@@ -272,12 +263,12 @@ int main() {
     char name[64];
     std::snprintf(name, sizeof name, pace ? "%s %d" : "%s", kNames[m], pace);
     std::printf("  %-22s %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %8.0f%%\n", name, median(issued), median(first),
-                median(med), median(last), end.empty() ? 0.0 : median(end), dec.empty() ? 0.0 : median(dec),
+                median(med), median(last), median(end), median(dec),
                 pairs ? 100.0 * double(ordered) / double(pairs) : 0.0);
     if (m == kLandDecode || m == kLand) {
-      std::vector<double> all_last = last;
-      std::printf("  %-22s last land p10 %.2f p90 %.2f max %.2f; decode per warp p10 %.2f p90 %.2f\n", "", pct(all_last, 0.1),
-                  pct(all_last, 0.9), pct(all_last, 1.0), dec.empty() ? 0.0 : pct(dec, 0.1), dec.empty() ? 0.0 : pct(dec, 0.9));
+      std::printf("  %-22s last land p10 %.2f p90 %.2f max %.2f; decode per warp p10 %.2f p90 %.2f\n", "",
+                  probe::quantile(last, 0.1), probe::quantile(last, 0.9), probe::quantile(last, 1.0),
+                  probe::quantile(dec, 0.1), probe::quantile(dec, 0.9));
     }
   }
   CK(cudaFree(dpool));
