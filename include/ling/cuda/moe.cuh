@@ -22,6 +22,10 @@
 namespace ling::cuda::kernels {
 
 inline constexpr int kMoeFlatUnroll = 8;  // chunks per lane per batch in launch B
+// SM cycles between the routed tiles' copies of successive warps of a launch A block (MoeArgs::pace). Measured (H200,
+// 2026-12-04, context 0, alternated in one process): 2.238 / 2.238 ms/token against 2.263 / 2.264 issued at once;
+// 450 cycles 2.255 / 2.255, 1000 cycles 2.278.
+inline constexpr int kMoePaceA = 700;
 
 __device__ __forceinline__ float swiglu(float a, float b, float limit) {
   float s = a / (1.0f + expf(-a));
@@ -67,10 +71,10 @@ struct MoeArgs {
   // default), 1 after staging its input, 2 after the router rows' dot (before the grid barrier), 3 after the barrier;
   // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
-  // LING_MOE_DIAG_A=8 only (a trial, not the default): launch A's r-th warp with routed tiles issues them pace · r SM
-  // cycles after the selection (LING_MOE_PACE, default 700), so that a block's tiles land in order
-  // (bench/probes/tile_landing).
-  int pace = 0;
+  // Launch A's r-th warp with routed tiles issues them pace · r SM cycles after the selection, so that a block's
+  // tiles land in order (bench/probes/tile_landing; docs/kernels.md "Launch A's routed tiles paced"). The model takes
+  // LING_MOE_PACE (moe_pace_a); 0 issues them all at once.
+  int pace = kMoePaceA;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -1093,9 +1097,15 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // session 27's default selection (the two-pass ranked path, router_select_block, inline): outputs correct, for A/B
 // against the default's candidate selection (router_select_fast; session 28: 2.267 against 2.298-2.300 ms/token,
 // H200). Session 27's 5, the same with trace marks inside it (LING_TRACE_MOEA=6|7|8), measured that path and is
-// removed with its marks (session 28). 8: the routed tiles' copies paced (MoeArgs::pace; outputs correct), a trial
-// written in session 29 and not yet measured: the same idea with the pace's code inside the default kernel measured
-// 2.272-2.278 against 2.265 ms/token (docs/kernels.md "Launch A's routed tiles land together").
+// removed with its marks (session 28). 8 is session 28's tile issue (outputs correct): every warp issues its routed
+// tiles' copies at once after stage_q8's block barrier, against the default's paced issue.
+// The paced issue (the default since session 30; docs/kernels.md "Launch A's routed tiles paced"): the r-th warp of the
+// block with routed tiles issues their copies MoeArgs::pace · r SM cycles after the selection, so that they land in
+// the order of the warps' decode (bench/probes/tile_landing: issued at once they land together at the end of the
+// DRAM phase). No block barrier waits for a paced warp: each thread arrives on an mbarrier once its limbs are staged,
+// and every warp waits on it before its decode. H200, 2026-12-04, context 0, alternated in one process: 2.238 / 2.238
+// ms/token against 2.263 / 2.264 for =8. Session 29's trial of the pace inside the kernel with stage_q8's block barrier
+// kept measured 2.272-2.278 against 2.265: the warps after the first waited for the barrier.
 // Measured and removed (session 28, docs/kernels.md "Launch A's selection by candidates"): the selection run dry by the
 // warps without a router row while the others computed theirs (one code copy, named barriers), so that its code was
 // warm for the real pass: 2.396 against 2.296-2.298 ms/token (the dry pass held back the grid barrier by 2.5 us);
@@ -1109,7 +1119,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
   __shared__ int s_idx[kMoeMaxTopK];
-  __shared__ std::uint64_t s_bar[kW * kStreamMaxStages + (kDiag == 8 ? 1 : 0)];  // kDiag 8: + the limbs' barrier
+  constexpr bool kPaced = kDiag != 8;  // kDiag 8: session 28's issue, every warp at once after a block barrier
+  __shared__ std::uint64_t s_bar[kW * kStreamMaxStages + (kPaced ? 1 : 0)];  // paced: + the limbs' barrier
   __shared__ __align__(8) std::uint32_t s_tab[2];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
@@ -1171,7 +1182,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   trace_mark(a.trace_a, 0);
   if (lane == 0) {
     for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
-    if (kDiag == 8 && warp == 0) mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
+    if (kPaced && warp == 0) mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
     mbar_init_fence();
   }
   __syncwarp();
@@ -1231,7 +1242,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
-  if constexpr (kDiag != 8) {
+  if constexpr (!kPaced) {
     for (int m = pre; m < D && m < mine; ++m) issue(m);
     if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
     e2m1_tables_store(s_tab);
@@ -1526,13 +1537,14 @@ inline int moe_stream_stage_cap() {
 // router dots or grid barrier either (4); session 25's next step 1.
 // =7: the two-pass ranked selection (router_select_block inline, session 27's default; outputs correct), for A/B
 // against the candidate selection.
-// =8: the routed tiles' copies paced (MoeArgs::pace; a trial written in session 29, docs/performance.md).
+// =8: session 28's tile issue (every warp issues its routed tiles at once, after a block barrier; outputs correct), for
+// A/B against the paced issue.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 8); }
-// MoeArgs::pace for LING_MOE_DIAG_A=8: LING_MOE_PACE=n SM cycles between a block's routed warps (default 700)
+// MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps (default kMoePaceA)
 inline int moe_pace_a() {
   static int const v = [] {
     char const* e = std::getenv("LING_MOE_PACE");
-    return e && *e ? std::max(0, std::min(std::atoi(e), 1 << 16)) : 700;
+    return e && *e ? std::max(0, std::min(std::atoi(e), 1 << 16)) : kMoePaceA;
   }();
   return v;
 }
