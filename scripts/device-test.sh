@@ -127,8 +127,8 @@ if [ $BENCH = 1 ]; then
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
   # probes (answered in sessions 20, 21, 28 and 29, docs/performance.md): with LING_PROBES=1, region_chain, sm_service,
-  # moe_pattern, select_chain and tile_landing
-  for p in ${LING_PROBES:+region_chain sm_service moe_pattern select_chain tile_landing}; do
+  # moe_pattern, select_chain, tile_landing and wgmma_decode
+  for p in ${LING_PROBES:+region_chain sm_service moe_pattern select_chain tile_landing wgmma_decode}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done
