@@ -38,6 +38,7 @@
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.cuh"
+#include "ling/cuda/wgmma.cuh"
 #include "probe_util.cuh"
 
 namespace {
@@ -54,60 +55,10 @@ inline constexpr int kBBytes = kSteps * 512;                               // B:
 inline constexpr int kSmem = kTiles * kTileBytes + kBBytes + kSteps * 4 + 128;
 static_assert(kTiles * kTileBytes % 128 == 0 && kCodeRegion >= kCodeBytes, "B on a 128-byte boundary; words fit");
 
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-// the accumulators are written by the asynchronous wgmma: no read of them moves above the wait
-template <int R>
-__device__ __forceinline__ void fence_acc(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-// D (+)= A · B for one k-step: A's 64 × 32 E4M3 from registers (this warp's rows 16 w .. 16 w + 15), B's 32 × N by desc.
-// D's fragment: d[4 c + {0, 1}] row g, columns 8 c + 2 t + {0, 1}; d[4 c + {2, 3}] row g + 8 (c < N / 8).
-template <int N>
-__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], std::uint32_t const (&a)[4], std::uint64_t desc, int accumulate) {
-  if constexpr (N == 8) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-  } else {
-    static_assert(N == 16, "8 or 16 columns");
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, "
-        "p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
-  }
-}
-// a shared-memory matrix descriptor: K-major, no swizzle, core matrices of 8 rows (B's columns) × 16 bytes; the two
-// core matrices of a k-step (k 0-15, 16-31) 128 bytes apart (leading byte offset), 8-column groups 256 apart (stride)
-__device__ __forceinline__ std::uint64_t desc_kmajor(void const* p) {
-  return std::uint64_t((smem_u32(p) & 0x3FFFFu) >> 4) | (std::uint64_t(128 >> 4) << 16) | (std::uint64_t(256 >> 4) << 32);
-}
 // a word's 8 codes as the E4M3 bytes of registers a0 (bits 7, 4-2 of each byte) and a2 (the others)
 __device__ __forceinline__ void e2m1_word_e4m3(std::uint32_t w, std::uint32_t& a0, std::uint32_t& a2) {
   a0 = w & 0x9C9C9C9Cu;
   a2 = (__funnelshift_r(w, w, 2) & 0x98989898u) | ((w << 2) & 0x04040404u);
-}
-
-// the checkpoint's nibbles (a byte: code 2 j low, 2 j + 1 high) as E4M3 bytes: the low nibbles into lo, the high into hi
-__device__ __forceinline__ void e2m1_nibbles_e4m3(std::uint32_t w, std::uint32_t& lo, std::uint32_t& hi) {
-  lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1C1C1C1Cu);
-  hi = (w & 0x80808080u) | ((w >> 2) & 0x1C1C1C1Cu);
-}
-// ldmatrix: matrix j's 8 rows of 16 bytes at the addresses of lanes 8 j .. 8 j + 7; lane 4 g + t receives bytes
-// 4 t .. 4 t + 3 of row g of each: the A fragment's order for one row's 32 codes of a block
-__device__ __forceinline__ void ldsm_x4(std::uint32_t (&r)[4], void const* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
 }
 
 // Where lane `lane`'s code word for k-step s (0 .. kSteps - 1) of its rows lies in a tile (32-bit words).
@@ -142,7 +93,7 @@ __device__ float decode_wgmma(unsigned char const* tile, unsigned char const* sb
   int const lane = int(threadIdx.x & 31), g = lane >> 2, t = lane & 3;
   std::uint32_t const* codes = reinterpret_cast<std::uint32_t const*>(tile);
   unsigned char const* sc = tile + kCodeRegion + g * kSteps;
-  std::uint64_t const desc0 = desc_kmajor(sb);
+  std::uint64_t const desc0 = wgmma_desc_kmajor(sb);
   float acc[2][R] = {};
   float tot = 0.f;
   auto epilogue = [&](float (&d)[R], int p) {
@@ -164,7 +115,7 @@ __device__ float decode_wgmma(unsigned char const* tile, unsigned char const* sb
       for (int j = 0; j < W; j += 4) {
         int const jj = j + (lane >> 3), ks = G * p + jj / H + (jj % H) * S;
         std::uint32_t r[4];
-        ldsm_x4(r, tile + (lane & 7) * kPitch + 16 * ks);
+        ldmatrix_x4(r, tile + (lane & 7) * kPitch + 16 * ks);
         wv[j] = r[0], wv[j + 1] = r[1], wv[j + 2] = r[2], wv[j + 3] = r[3];
       }
     } else {
@@ -191,26 +142,26 @@ __device__ float decode_wgmma(unsigned char const* tile, unsigned char const* sb
       }
     }
     float (&d)[R] = acc[p & 1];
-    wg_fence();
+    wgmma_fence();
 #pragma unroll
     for (int i = 0; i < G; ++i)
-      wgmma_rs<kN>(d, a[i], desc0 + std::uint64_t((G * p + i) * (KB >> 4)), i > 0 ? 1 : one - 1);
-    wg_commit();
+      wgmma_e4m3_rs<kN>(d, a[i], desc0 + std::uint64_t((G * p + i) * (KB >> 4)), i > 0 ? 1 : one - 1);
+    wgmma_commit();
     if constexpr (kPipe == 1) {
-      wg_wait<0>();
-      fence_acc(d);
+      wgmma_wait<0>();
+      wgmma_fence_acc(d);
       epilogue(d, p);
     } else {
       if (p > 0) {
-        wg_wait<1>();
-        fence_acc(acc[(p - 1) & 1]);
+        wgmma_wait<1>();
+        wgmma_fence_acc(acc[(p - 1) & 1]);
         epilogue(acc[(p - 1) & 1], p - 1);
       }
     }
   }
   if constexpr (kPipe != 1) {
-    wg_wait<0>();
-    fence_acc(acc[(NG - 1) & 1]);
+    wgmma_wait<0>();
+    wgmma_fence_acc(acc[(NG - 1) & 1]);
     epilogue(acc[(NG - 1) & 1], NG - 1);
   }
   tot += __shfl_xor_sync(0xffffffffu, tot, 1);
