@@ -345,6 +345,45 @@ TEST_CASE("moe: launch A's two lookups give the same bits") {
   unsetenv("LING_MOE_STREAM_WARPS_A");
 }
 
+// Launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9, a trial; moe.cuh routed_decode_wgmma), at Ling's 2560
+// columns (its one shape), against the default int8 path on the same draw (which the cases above check against the
+// CPU to 1e-4): the instance must run (its launch count), an out-of-range id must turn its slot NaN, and the rest must
+// agree within the FP8 tensor core's accumulation (~2^-14 of the largest product of each 32 summed; the probe
+// bench/probes/wgmma_decode measured 6.8e-5 of Σ|w x| per row).
+TEST_CASE("moe: launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9) against the int8 path") {
+  LING_REQUIRE_GPU();
+  setenv("LING_MOE_STREAM", "1", 1);
+  setenv("LING_MOE_STREAM_WARPS_A", "16", 1);
+  for (std::int64_t const inter : {768, 736}) {
+    CAPTURE(inter);
+    auto w = random_mxfp4_experts(2560, inter, 12);
+    auto const x = randn(2560, 3.f);
+    for (std::vector<int> const& ids : {std::vector<int>{2, 7, 0, 1, 3, 4, 5, 11}, std::vector<int>{5, 1000, 9}}) {
+      std::vector<float> const wts(ids.size(), 0.25f);
+      auto const [h0, o0] = run_moe(w, ids, wts, x);
+      int const before = cuda::moe_wg_a_launches();
+      setenv("LING_MOE_DIAG_A", "9", 1);
+      auto const [h1, o1] = run_moe(w, ids, wts, x);
+      unsetenv("LING_MOE_DIAG_A");
+      CHECK(cuda::moe_wg_a_launches() == before + 1);
+      REQUIRE(h0.size() == h1.size());
+      std::vector<float> a, b;  // the finite slots' outputs
+      std::int64_t nan = 0;
+      for (std::size_t i = 0; i < h1.size(); ++i) {
+        if (std::isnan(h1[i])) ++nan;
+        if (std::isfinite(h0[i])) a.push_back(h1[i]), b.push_back(h0[i]);
+      }
+      CHECK(nan == (ids[1] == 1000 ? inter : 0));
+      double const e = rel_l2(a, b);
+      MESSAGE("wgmma against int8, launch A's outputs: relative L2 " << e);
+      CHECK(e < 3e-3);
+      if (ids[1] != 1000) CHECK(rel_l2(o1, o0) < 3e-3);
+    }
+  }
+  unsetenv("LING_MOE_STREAM");
+  unsetenv("LING_MOE_STREAM_WARPS_A");
+}
+
 TEST_CASE("moe: f16 tensor-core path (Mxfp4QuadMma) against the same reference") {
   LING_REQUIRE_GPU();
   check_moe<cuda::Mxfp4QuadMma, quant::Fp8Block>(256, 128, 72, 16, 4, 4.0f, 5.0f);

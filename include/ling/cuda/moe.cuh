@@ -18,6 +18,7 @@
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
 #include "ling/cuda/router.cuh"
+#include "ling/cuda/wgmma.cuh"
 
 namespace ling::cuda::kernels {
 
@@ -1070,6 +1071,121 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
   return b < sp.tiles ? (sp.tiles - 1 - b) / g + 1 : 0;
 }
 
+// ---- launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9, a trial; docs/kernels.md "Launch A's routed decode on
+// FP8 wgmma") ----
+// B, the input: 4 E4M3 limbs per element (x = 2^e · Σ limbs, e per 32-element block), kWgN columns per k-step. A
+// k-step s of B holds the block s (the rows' first half, h = 0) and s + nblk / 2 (second half, h = 1); two k-steps
+// make an accumulator group, the q-th of a group in units 2 q + h (4 columns each), so that the lane with t = lane % 4
+// finds block 2 p + c + h S's limbs (h = t / 2) in accumulator chunk c.
+inline constexpr int kWgN = 16, kWgLimbs = 4, kWgRowPad = 16;
+// Bytes of B for nblk blocks (+ 128: B starts on a 128-byte boundary of the slots).
+__host__ __device__ constexpr int wg_b_bytes(int nblk) { return (nblk / 2) * kWgN * 32 + 128; }
+// The int2 slots after the staged input in the =9 instance: the selection's scratch, then B.
+__host__ __device__ constexpr int stream_q_slots_wg(int nblk, RouteSel const& r) {
+  return r.logits && r.experts * 8 > wg_b_bytes(nblk) ? r.experts : (wg_b_bytes(nblk) + 7) / 8;
+}
+// Stages xs (staged floats, kXPre times the input; padded layout) as B and exf[blk] = 2^(e + 6) / kXPre (the scale of
+// block blk's limbs, times the 2^6 of the E2M1 codes in E4M3). A task is 8 elements of a block (4 lanes a block). NaN or
+// Inf in a block makes NaN limbs, so its rows' outputs turn NaN.
+__device__ __forceinline__ void stage_e4m3_limbs(unsigned char* B, float* exf, float const* xs, int nblk) {
+  int const S = nblk >> 1;
+  for (int base = 0; base < nblk * 4; base += int(blockDim.x)) {  // uniform trip count: the shuffles see every lane
+    int const task = base + int(threadIdx.x), a = task & 3;
+    bool const ok = task < nblk * 4;
+    int const blk = ok ? task >> 2 : 0;
+    float4 const z = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 const p0 = ok ? *reinterpret_cast<float4 const*>(xs + xpad(32 * blk + 8 * a)) : z;
+    float4 const p1 = ok ? *reinterpret_cast<float4 const*>(xs + xpad(32 * blk + 8 * a + 4)) : z;
+    float const v[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = max(m, __float_as_uint(fabsf(v[i])));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    int const e = max(int(m >> 23) - 134, -100);  // the block's largest · 2^-e < 256 (NaN, Inf: e = 121)
+    float const inv = __uint_as_float(std::uint32_t(127 - e) << 23);
+    std::uint32_t lw[2][kWgLimbs] = {};  // [element parity][limb]: elements 8 a + parity + 2 c in byte c
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float r = v[i] * inv;
+      if (!(fabsf(r) <= 3.0e38f)) r = __uint_as_float(0x7FC00000u);  // Inf: NaN limbs (satfinite would clamp it)
+#pragma unroll
+      for (int l = 0; l < kWgLimbs; ++l) {
+        __nv_fp8_storage_t const c = __nv_cvt_float_to_fp8(r, __NV_SATFINITE, __NV_E4M3);
+        lw[i & 1][l] |= std::uint32_t(c) << (8 * (i >> 1));
+        r -= __half2float(__half(__nv_cvt_fp8_to_halfraw(c, __NV_E4M3)));
+      }
+    }
+    if (ok) {
+      if (a == 0) exf[blk] = ldexpf(1.f, e + 6) * (1.f / kXPre);
+      int const h = blk >= S ? 1 : 0, sp = blk - h * S, q = sp & 1, u = 2 * q + h, zu = 2 * (1 - q) + h;
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int l = 0; l < kWgLimbs; ++l) {  // elements 8 a + b + 2 c are rows 16 b + 4 a + c of the k-step
+          *reinterpret_cast<std::uint32_t*>(B + wgmma_b_offset(kWgN, sp, kWgLimbs * u + l, 16 * b + 4 * a)) = lw[b][l];
+          *reinterpret_cast<std::uint32_t*>(B + wgmma_b_offset(kWgN, sp, kWgLimbs * zu + l, 16 * b + 4 * a)) = 0u;
+        }
+    }
+  }
+}
+// The =9 instance's groups of two k-steps (its one shape: 2560 columns, 80 blocks; the launcher checks).
+inline constexpr int kWgGroups = 20;
+// B in the q slots, from their first 128-byte boundary (wg_b_bytes has the room).
+__device__ __forceinline__ unsigned char* wg_b(int2* q) {
+  unsigned char* const p = reinterpret_cast<unsigned char*>(q);
+  return p + ((0u - smem_u32(p)) & 127u);
+}
+// A warp's routed tile on wgmma (the calling warpgroup together; kNG = nblk / 4 groups of two k-steps): its 8 rows
+// (4 gate, 4 up: rows g of the warp's wgmma rows, their second half rows g + 8) at `rows`, pitch bytes apart (1296 at
+// Ling's 2560 columns, so that ldmatrix's 8 rows miss no bank); their scale bytes gsc, usc (rows of nblk). `has`
+// false: the warp has no tile, its A is zero (it still takes part). Lane 4 g returns row g's dot product.
+template <int kNG>
+__device__ __forceinline__ float routed_decode_wgmma(unsigned char const* rows, int pitch, std::uint8_t const* gsc,
+                                                     std::uint8_t const* usc, unsigned char const* B, float const* exf,
+                                                     bool has, int one) {
+  constexpr int S = 2 * kNG, nblk = 2 * S;
+  int const lane = int(threadIdx.x & 31), g = lane >> 2, h = (lane & 3) >> 1, j = lane >> 3;
+  std::uint8_t const* sc = g < 4 ? gsc + g * nblk : usc + (g - 4) * nblk;
+  // ldmatrix: lane i gives row i % 8 of matrix j = i / 8, which is the group's k-step j / 2 of half j % 2
+  unsigned char const* const rowp = rows + (lane & 7) * pitch + 16 * ((j >> 1) + (j & 1) * S);
+  std::uint64_t const desc0 = wgmma_desc_kmajor(B);
+  float acc[2][kWgN / 2] = {};
+  float tot = 0.f;
+  auto epilogue = [&](float (&d)[kWgN / 2], int p) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      int const blk = 2 * p + c + h * S;
+      tot = fmaf(ue8m0_float_sel(sc[blk]) * exf[blk], h ? d[4 * c + 2] + d[4 * c + 3] : d[4 * c] + d[4 * c + 1], tot);
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < kNG; ++p) {  // fully unrolled: with a rolled loop ptxas serialized the wgmmas
+    std::uint32_t r[4] = {0u, 0u, 0u, 0u};
+    if (has) ldmatrix_x4(r, rowp + 32 * p);
+    std::uint32_t a0[4], a1[4];
+    e2m1_nibbles_e4m3(r[0], a0[0], a0[2]);
+    e2m1_nibbles_e4m3(r[1], a0[1], a0[3]);
+    e2m1_nibbles_e4m3(r[2], a1[0], a1[2]);
+    e2m1_nibbles_e4m3(r[3], a1[1], a1[3]);
+    float (&d)[kWgN / 2] = acc[p & 1];
+    wgmma_fence();
+    wgmma_e4m3_rs<kWgN>(d, a0, desc0 + std::uint64_t((2 * p) * (kWgN * 32 / 16)), one - 1);
+    wgmma_e4m3_rs<kWgN>(d, a1, desc0 + std::uint64_t((2 * p + 1) * (kWgN * 32 / 16)), one);
+    wgmma_commit();
+    if (p > 0) {
+      wgmma_wait<1>();
+      wgmma_fence_acc(acc[(p - 1) & 1]);
+      epilogue(acc[(p - 1) & 1], p - 1);
+    }
+  }
+  wgmma_wait<0>();
+  wgmma_fence_acc(acc[(kNG - 1) & 1]);
+  epilogue(acc[(kNG - 1) & 1], kNG - 1);
+  tot += __shfl_xor_sync(0xffffffffu, tot, 1);
+  return tot + __shfl_xor_sync(0xffffffffu, tot, 2);
+}
+
 // Launch A streamed: the int2 slots after the staged input, shared by the limbs (q8_slots) and, before them, the fused
 // selection's scores (2 · experts floats = experts slots). In dynamic shared memory rather than the selection's own
 // static arrays (8 KB for kRouterMaxExperts), which left room for one ring stage per warp instead of two at Ling's
@@ -1098,7 +1214,10 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // against the default's candidate selection (router_select_fast; session 28: 2.267 against 2.298-2.300 ms/token,
 // H200). Session 27's 5, the same with trace marks inside it (LING_TRACE_MOEA=6|7|8), measured that path and is
 // removed with its marks (session 28). 8 is session 28's tile issue (outputs correct): every warp issues its routed
-// tiles' copies at once after stage_q8's block barrier, against the default's paced issue.
+// tiles' copies at once after stage_q8's block barrier, against the default's paced issue. 9 decodes the routed tiles
+// on FP8 wgmma (routed_decode_wgmma; a trial): one tile per warp, the shared expert's on warps 0-3 and the routed ones
+// on warps 4-15, whose warpgroups decode their four tiles together; the routed rows copied one by one, kWgRowPad bytes
+// apart; B staged instead of stage_q8's limbs; the warpgroups paced 4 · pace cycles apart.
 // The paced issue (the default since session 30; docs/kernels.md "Launch A's routed tiles paced"): the r-th warp of the
 // block with routed tiles issues their copies MoeArgs::pace · r SM cycles after the selection, so that they land in
 // the order of the warps' decode (bench/probes/tile_landing: issued at once they land together at the end of the
@@ -1126,10 +1245,15 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const cols = int(a.gate.cols), nblk = cols >> 5;
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
-  float* const sx = reinterpret_cast<float*>(q + stream_q_slots(nblk, a.route));
+  constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
+  float* const sx = reinterpret_cast<float*>(q + (kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route)));
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
-  int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // this warp's tiles: k = warp + m kW
+  // kWg: the block's tiles k = 0, 1, ... (b + k G) go one per warp, its ns shared-expert tiles to warps 0 .. ns - 1
+  // and its routed ones to warps 4, 5, ... (whole warpgroups; the launcher checks ns <= 4, ntiles - ns <= 12)
+  int const ns = b < sp.shared_tiles ? (sp.shared_tiles - 1 - b) / G + 1 : 0;
+  int const wk = !kWg ? warp : warp < 4 ? (warp < ns ? warp : -1) : (warp - 4 + ns < ntiles ? warp - 4 + ns : -1);
+  int const mine = kWg ? (wk >= 0 ? 1 : 0) : warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;  // k = warp + m kW
   unsigned char* ring0 = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes;
   ring0 += (0u - smem_u32(ring0)) & 127u;  // a 128-byte boundary (the launcher's slack)
   unsigned char* const ring = ring0 + std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
@@ -1138,7 +1262,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const inter = a.gate.rows, sinter = a.has_shared ? a.sgate.rows : 0;
   auto cap = [](std::int64_t n) { return round128(span16_cap(n)); };  // a scale span's room
   std::int64_t const scap = cap(std::int64_t(R) * nblk), sscap = cap(std::int64_t(ncb) * 4);
-  auto tile_of = [&](int m) { return b + (warp + m * kW) * G; };
+  auto tile_of = [&](int m) { return kWg ? b + wk * G : b + (warp + m * kW) * G; };
+  int const pitch = int(rb) + kWgRowPad;  // kWg: a routed tile's rows one by one, this far apart
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
   // the copies of this warp's m-th tile into buffer m % D: lane 0 issues four bulk copies (gate rows, up rows, gate
@@ -1168,6 +1293,18 @@ __global__ void __launch_bounds__(kW * 32, 1)
       s3 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, e)) + r0 * nblk;
       n01 = nr * rb, n23 = nr * nblk;
       o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
+      if constexpr (kWg) {  // each row by itself at `pitch`, the scales after the 2 R rows
+        Span16 const c2 = span16(s2, n23), c3 = span16(s3, n23);
+        std::uint64_t* const bar = bars + m % D;
+        mbar_arrive_expect(bar, std::uint32_t(2 * nr * rb) + c2.bytes + c3.bytes);
+        for (std::int64_t i = 0; i < nr; ++i) {
+          bulk_copy(dst + i * pitch, s0 + i * rb, std::uint32_t(rb), bar);
+          bulk_copy(dst + (R + i) * pitch, s1 + i * rb, std::uint32_t(rb), bar);
+        }
+        bulk_copy(dst + 2 * R * pitch, c2.src, c2.bytes, bar);
+        bulk_copy(dst + 2 * R * pitch + scap, c3.src, c3.bytes, bar);
+        return;
+      }
     }
     Span16 const c0 = span16(s0, n01), c1 = span16(s1, n01), c2 = span16(s2, n23), c3 = span16(s3, n23);
     std::uint64_t* const bar = bars + m % D;
@@ -1250,13 +1387,19 @@ __global__ void __launch_bounds__(kW * 32, 1)
     __syncthreads();
   } else {  // paced (MoeArgs::pace): the r-th warp with routed tiles issues them pace · r cycles from now
     int const first_routed = sp.shared_tiles > b ? min(kW, (sp.shared_tiles - b - 1) / G + 1) : 0;
-    int const r = warp - first_routed;
-    long long const at = clock64() + static_cast<long long>(a.pace) * r;
+    // kWg: the r-th warpgroup with routed tiles, 4 pace · r cycles (its four tiles together)
+    int const r = kWg ? (warp < 4 ? -1 : (warp - 4) >> 2) : warp - first_routed;
+    long long const at = clock64() + static_cast<long long>(a.pace) * (kWg ? 4 : 1) * r;
     if (r <= 0)
       for (int m = pre; m < D && m < mine; ++m) issue(m);
-    e2m1_tables_store(s_tab);
-    stage_q8(q, sx, xs, nblk, kXPre);
     std::uint64_t* const qbar = s_bar + kW * kStreamMaxStages;
+    e2m1_tables_store(s_tab);
+    if constexpr (kWg) {
+      stage_e4m3_limbs(wg_b(q), sx, xs, nblk);
+      fence_proxy_async_smem();  // B's writes before the wgmmas read it (the async proxy)
+    } else {
+      stage_q8(q, sx, xs, nblk, kXPre);
+    }
     mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
     if (r > 0 && pre < D && pre < mine) {
       if (lane == 0)
@@ -1266,6 +1409,38 @@ __global__ void __launch_bounds__(kW * 32, 1)
     }
     if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
     mbar_wait(qbar, 0);  // every thread's limbs (and thread 0's tables) are staged
+  }
+  if constexpr (kWg) {
+    if (warp >= 4) {  // the routed tiles: a warpgroup decodes its four together (routed_decode_wgmma)
+      if (4 * ((warp >> 2) - 1) >= ntiles - ns) {  // no routed tile in this warpgroup
+        trace_end(a.trace_a);
+        return;
+      }
+      bool const has = mine > 0;
+      int s = 0, e = -1, nrow = 0;
+      std::int64_t r0 = 0;
+      std::uint8_t const *gsc = ring, *usc = ring;
+      if (has) {
+        mbar_wait(bars, 0u);  // the tile has landed
+        int const tr = tile_of(0) - sp.shared_tiles;
+        s = tr / sp.tiles_per_slot;
+        r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
+        nrow = int(inter - r0 < R ? inter - r0 : R);
+        e = s_idx[s];
+        int const ee = e < 0 ? 0 : e;
+        gsc = ring + 2 * R * pitch + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
+        usc = ring + 2 * R * pitch + scap +
+              addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
+      }
+      if (a.trace_mid == 4) trace_mark_max(a.trace_a, 2);
+      float const v = routed_decode_wgmma<kWgGroups>(ring, pitch, gsc, usc, wg_b(q), sx, has, a.top_k > 0 ? 1 : 0);
+      float const up = __shfl_down_sync(0xffffffffu, v, 16);  // lane 4 i: gate row i; lane 4 i + 16: up row i
+      int const i = lane >> 2;
+      if (has && (lane & 3) == 0 && i < 4 && i < nrow)
+        h[std::int64_t(s) * inter + r0 + i] = swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : v, up, a.routed_limit);
+      trace_end(a.trace_a);
+      return;
+    }
   }
   std::uint32_t pos_lo = 0, neg_lo = 0;
   if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
@@ -1539,7 +1714,9 @@ inline int moe_stream_stage_cap() {
 // against the candidate selection.
 // =8: session 28's tile issue (every warp issues its routed tiles at once, after a block barrier; outputs correct), for
 // A/B against the paced issue.
-inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 8); }
+// =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
+// elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
 // MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps (default kMoePaceA)
 inline int moe_pace_a() {
   static int const v = [] {
@@ -1649,6 +1826,21 @@ bool router_in_a_fits(Kernel kernel, MoeArgs const& a, StreamPlan const& p, std:
   return std::int64_t(per_sm) * sm_count() >= blocks;
 }
 
+// Whether launch A's wgmma instance (LING_MOE_DIAG_A=9) applies on `blocks` blocks of 16 warps: its one shape (2560
+// columns: kWgGroups; rows of the checkpoint's 1280 bytes; 4 row pairs per routed tile), one tile per warp with a
+// block's shared-expert tiles on warps 0-3 and its routed ones on warps 4-15 (whole warpgroups), and the router rows
+// on routed warps (at most 12 per block).
+inline bool moe_wg_a_fits(MoeArgs const& a, StreamPlan const& sp, int blocks) {
+  if (blocks <= 0 || a.gate.cols != 4 * 32 * kWgGroups || a.gate.ld != a.gate.cols / 2 || sp.rows != 4) return false;
+  if (a.router.data && (a.router.rows + blocks - 1) / blocks > 12) return false;
+  for (int b = 0; b < blocks; ++b) {
+    int const nt = b < sp.tiles ? (sp.tiles - 1 - b) / blocks + 1 : 0;
+    int const ns = b < sp.shared_tiles ? (sp.shared_tiles - 1 - b) / blocks + 1 : 0;
+    if (ns > 4 || nt - ns > 12) return false;
+  }
+  return true;
+}
+
 // Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
 // 16-byte aligned rows); false: not launched.
 template <class PE, class PS>
@@ -1676,11 +1868,12 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
-    auto go = [&](auto kernel, int w) {
+    auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1) {  // -1: prologue, stage
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
-      if (!stream_plan(kernel, w, p, prologue, stage, smem, blocks, err, 128)) return false;  // 128: the ring's alignment
+      if (!stream_plan(kernel, w, p, pbytes < 0 ? prologue : pbytes, sbytes < 0 ? stage : sbytes, smem, blocks, err, 128))
+        return false;  // 128: the ring's alignment
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
       if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
@@ -1697,6 +1890,14 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       }
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
       if (biased && diag == 8) return go(moe_gate_up_stream_kernel<16, true, 8>, 16);
+      if (biased && diag == 9 && moe_wg_a_fits(a, sp, sp.tiles < sm_count() ? sp.tiles : sm_count())) {
+        std::int64_t const pro9 = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots_wg(int(nblk), a.route)) * 8 + nblk * 4;
+        std::int64_t const routed9 = 2 * sp.rows * (a.gate.ld + kWgRowPad) + 2 * round128(span16_cap(sp.rows * nblk));
+        if (go(moe_gate_up_stream_kernel<16, true, 9>, 16, pro9, routed9 > shared ? routed9 : shared)) {
+          ++moe_wg_a_launches();
+          return true;
+        }
+      }
       // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
       if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);

@@ -8,6 +8,7 @@
 // [E, hidden, inter]), one allocation each, indexed by expert id. Kernels in moe.cuh.
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
@@ -20,6 +21,13 @@ namespace ling::cuda {
 inline int moe_q8_mode() {
   char const* e = std::getenv("LING_MOE_Q8");
   return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
+}
+
+// Launches of MoE launch A's wgmma instance (LING_MOE_DIAG_A=9, a trial; moe.cuh routed_decode_wgmma) in this process:
+// the tests check that the instance ran, since the launcher falls back to the default where it does not apply.
+inline std::atomic<int>& moe_wg_a_launches() {
+  static std::atomic<int> n{0};
+  return n;
 }
 
 // The row layout of the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of each
