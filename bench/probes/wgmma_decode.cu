@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(kBlockThreads, 1) wg_kernel(unsigned char cons
   int* const s_ex = reinterpret_cast<int*>(s_b + kBBytes);
   int const b = int(blockIdx.x), warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   uint4 const* src = reinterpret_cast<uint4 const*>(tiles + std::size_t(b) * kTiles * kTileBytes);
-  for (int i = int(threadIdx.x); i < kTiles * kTileBytes / 16; i += kBlockThreads) reinterpret_cast<uint4*>(s_tiles)[i] = src[i];
+  for (int i = int(threadIdx.x); i < kTiles * kTileBytes / 16; i += kBlockThreads)
+    reinterpret_cast<uint4*>(s_tiles)[i] = src[i];
   for (int i = int(threadIdx.x); i < kBBytes / 16; i += kBlockThreads)
     reinterpret_cast<uint4*>(s_b)[i] = reinterpret_cast<uint4 const*>(bglob)[i];
   for (int i = int(threadIdx.x); i < kSteps; i += kBlockThreads) s_ex[i] = exg[i];
@@ -256,7 +257,8 @@ Result run(std::vector<int> const& code, std::vector<int> const& wsc, std::vecto
         std::memcpy(tp + std::size_t(word_index<kSplit>(s, lane)) * 4, &w, 4);
       }
     for (int r = 0; r < kRows; ++r)
-      for (int j = 0; j < kSteps; ++j) tp[kCodeRegion + r * kSteps + j] = (unsigned char)wsc[(std::size_t(T) * kRows + r) * kSteps + j];
+      for (int j = 0; j < kSteps; ++j)
+        tp[kCodeRegion + r * kSteps + j] = (unsigned char)wsc[(std::size_t(T) * kRows + r) * kSteps + j];
   }
   // B: the input's limbs, and its blocks' exponents (+ 6: the E4M3 codes are the E2M1 values · 2^-6)
   std::vector<unsigned char> bh(kBBytes, 0);
@@ -332,7 +334,8 @@ Result run(std::vector<int> const& code, std::vector<int> const& wsc, std::vecto
         mag += std::fabs(w * double(x[k]));
       }
       double const v = out[std::size_t(T) * kRows + r];
-      double const dl = std::isfinite(v) ? std::fabs(v - ref_l) / mag : 1e30, dx = std::isfinite(v) ? std::fabs(v - ref_x) / mag : 1e30;
+      bool const fin = std::isfinite(v);
+      double const dl = fin ? std::fabs(v - ref_l) / mag : 1e30, dx = fin ? std::fabs(v - ref_x) / mag : 1e30;
       el = std::max(el, dl);
       ee = std::max(ee, dx);
     }

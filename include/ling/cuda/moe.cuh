@@ -1246,7 +1246,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
   constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
-  float* const sx = reinterpret_cast<float*>(q + (kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route)));
+  int const q_slots = kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route);
+  float* const sx = reinterpret_cast<float*>(q + q_slots);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
   // kWg: the block's tiles k = 0, 1, ... (b + k G) go one per warp, its ns shared-expert tiles to warps 0 .. ns - 1
@@ -1428,7 +1429,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
         nrow = int(inter - r0 < R ? inter - r0 : R);
         e = s_idx[s];
         int const ee = e < 0 ? 0 : e;
-        gsc = ring + 2 * R * pitch + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
+        gsc = ring + 2 * R * pitch +
+              addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
         usc = ring + 2 * R * pitch + scap +
               addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
       }
@@ -1891,7 +1893,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
       if (biased && diag == 8) return go(moe_gate_up_stream_kernel<16, true, 8>, 16);
       if (biased && diag == 9 && moe_wg_a_fits(a, sp, sp.tiles < sm_count() ? sp.tiles : sm_count())) {
-        std::int64_t const pro9 = std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots_wg(int(nblk), a.route)) * 8 + nblk * 4;
+        std::int64_t const pro9 =
+            std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots_wg(int(nblk), a.route)) * 8 + nblk * 4;
         std::int64_t const routed9 = 2 * sp.rows * (a.gate.ld + kWgRowPad) + 2 * round128(span16_cap(sp.rows * nblk));
         if (go(moe_gate_up_stream_kernel<16, true, 9>, 16, pro9, routed9 > shared ? routed9 : shared)) {
           ++moe_wg_a_launches();
