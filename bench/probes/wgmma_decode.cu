@@ -233,7 +233,7 @@ struct Result {
 
 template <int kLimbs, bool kSplit, int kN, int kPipe, bool kStd = false>
 Result run(std::vector<int> const& code, std::vector<int> const& wsc, std::vector<float> const& x) {
-  constexpr int H = kSplit ? 2 : 1, G = kN / (kLimbs * H), S = kSteps / H, KB = kN * 32;
+  constexpr int H = kSplit ? 2 : 1, G = kN / (kLimbs * H), S = kSteps / H;
   int const ntiles = kGrid * kTiles;
   // tiles: codes in the wgmma word layout, scale bytes [row][block]
   std::vector<unsigned char> th(std::size_t(ntiles) * kTileBytes);
@@ -271,9 +271,8 @@ Result run(std::vector<int> const& code, std::vector<int> const& wsc, std::vecto
     ex[s] = (e + 6) * (1 << 23);
     // block s is half h of B's k-step s mod S, the q-th of its group: unit 2 q + h (unsplit: q)
     int const sb = s % S, hh = s / S, q = sb % G, unit = q * H + hh;
-    for (int k = 0; k < 32; ++k) {
-      // kStd: wgmma's k = 4 t + b holds the low nibble of byte 4 t + b (element 8 t + 2 b), k = 16 + 4 t + b the high one
-      int const kk = k % 16, el = kStd ? 8 * (kk / 4) + 2 * (kk % 4) + k / 16 : k;
+    for (int el = 0; el < 32; ++el) {
+      int const k = kStd ? e2m1_wgmma_k(el) : el;  // the checkpoint's nibble order (wgmma.cuh), or the repacked one
       float r = std::ldexp(x[32 * s + el], -e);
       double sum = 0;
       for (int l = 0; l < kLimbs; ++l) {
@@ -281,7 +280,7 @@ Result run(std::vector<int> const& code, std::vector<int> const& wsc, std::vecto
         r -= e4m3(u);
         sum += e4m3(u);
         int const n = kLimbs * unit + l;
-        bh[std::size_t(sb) * KB + (n / 8) * 256 + (k / 16) * 128 + (n % 8) * 16 + (k % 16)] = (unsigned char)u;
+        bh[std::size_t(wgmma_b_offset(kN, sb, n, k))] = (unsigned char)u;
       }
       xl[32 * s + el] = std::ldexp(sum, e);
     }
