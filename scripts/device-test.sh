@@ -126,9 +126,10 @@ if [ $BENCH = 1 ]; then
     name=$(basename "$b")
     "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
   done
-  # probes (answered in sessions 20, 21, 28 and 29, docs/performance.md): with LING_PROBES=1, region_chain, sm_service,
-  # moe_pattern, select_chain, tile_landing and wgmma_decode
-  for p in ${LING_PROBES:+region_chain sm_service moe_pattern select_chain tile_landing wgmma_decode}; do
+  # probes (answered in sessions 20, 21, 28, 29 and 31, docs/performance.md): with LING_PROBES=1, region_chain, ring_chain,
+  # tma_box, matvec_wg, wgmma_rate, sm_service, moe_pattern, select_chain, tile_landing and wgmma_decode
+  for p in ${LING_PROBES:+region_chain ring_chain tma_box matvec_wg wgmma_rate sm_service moe_pattern select_chain tile_landing \
+      wgmma_decode}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done

@@ -3,6 +3,7 @@
 #include "ling/cuda/bandwidth.cuh"
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/lm_head.cuh"
+#include "ling/cuda/matvec_wg.cuh"
 #include "ling/cuda/moe.cuh"
 #include "ling/cuda/router.cuh"
 
@@ -42,6 +43,11 @@ template cudaError_t launch_matvec_multi_mma<quant::Fp8Block>(std::span<DeviceMa
                                                               float const*, float*, cudaStream_t);
 template cudaError_t launch_matvec_multi_mma<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>,
                                                             float const*, float*, cudaStream_t);
+template cudaError_t launch_matvec_multi_wg<quant::Fp8Block>(std::span<DeviceMatrix<quant::Fp8Block> const* const>,
+                                                             float const*, float*, cudaStream_t, InputPrologue const&,
+                                                             float const*, int);
+template cudaError_t launch_matvec_multi_wg<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>, float const*,
+                                                           float*, cudaStream_t, InputPrologue const&, float const*, int);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4QuadMma, quant::Fp8Block)
 LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)

@@ -263,6 +263,98 @@ TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) match
         cudaErrorInvalidValue);
 }
 
+// The FP8-block matvec on wgmma with tensor-map copies (matvec_wg.cuh): the KDA projections' six matrices, o_proj's
+// shape, tails of the 32- and 64-row units and of the 4-k-block ring slots (640 columns: 5 k-blocks), rows spanning
+// several 128-row scale blocks, both unit sizes forced, the RMSNorm prologue and a residual. Its error is the tensor
+// core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as check_multi does, with
+// a looser bound. A NaN input reaches every row; other policies and columns that are not whole 128-blocks are refused.
+namespace {
+double wg_err(MultiSet<quant::Fp8Block> const& set, std::vector<float> const& out, std::vector<float> const& x,
+              std::vector<float> const& res = {}) {
+  auto ref = set.ref(x);
+  auto const mag = set.mag(x);
+  REQUIRE(out.size() == ref.size());
+  double e = 0, m = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    double const r = ref[i] + (res.empty() ? 0.0 : double(res[i]));
+    e += (out[i] - r) * (out[i] - r);
+    m += mag[i] * mag[i];
+  }
+  return std::sqrt(e / m);
+}
+}  // namespace
+
+TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
+  LING_REQUIRE_GPU();
+  using P = quant::Fp8Block;
+  struct Shape {
+    std::int64_t cols;
+    std::vector<std::int64_t> rows;
+  };
+  for (Shape const& sh : {Shape{2560, {4096, 4096, 4096, 4096, 4096, 32}}, Shape{4096, {2560}}, Shape{128, {1, 5, 300}},
+                          Shape{640, {70, 33, 129}}}) {
+    MultiSet<P> set(sh.cols, sh.rows);
+    auto x = randn(static_cast<std::size_t>(sh.cols));
+    x[5] = 40.f;  // one large input: the k-block's power-of-two scale follows it, the limbs keep the small ones
+    for (int R : {0, 32, 64}) {
+      CAPTURE(sh.cols);
+      CAPTURE(R);
+      auto const out = set.run(x, [R](auto ws, float const* xp, float* y) {
+        return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R);
+      });
+      double const err = wg_err(set, out, x);
+      MESSAGE("wgmma matvec: cols " << sh.cols << ", R " << R << ": error " << err << " of sum |w x|");
+      CHECK(err < (sh.cols == 128 ? 2e-4 : 1e-4));  // one k-block: no averaging over blocks. NaN fails
+    }
+  }
+  // the RMSNorm prologue and a residual (the KDA projections take the first, o_proj the second)
+  {
+    std::int64_t const cols = 2560;
+    MultiSet<P> set(cols, {300, 64});
+    auto const x = randn(static_cast<std::size_t>(cols));
+    auto w = randn(static_cast<std::size_t>(cols));
+    double ss = 0;
+    for (float v : x) ss += double(v) * v;
+    float const eps = 1e-6f;
+    double const inv = 1.0 / std::sqrt(ss / double(cols) + eps);
+    std::vector<float> xn(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) xn[i] = float(x[i] * inv * w[i]);
+    auto const res = randn(static_cast<std::size_t>(set.total));
+    DeviceVec dw(w), dres(res);
+    cuda::InputPrologue pro;
+    pro.kind = cuda::PrologueKind::kRmsNorm;
+    pro.norm_w = dw.data();
+    pro.eps = eps;
+    auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, pro, dres.data());
+    });
+    CHECK(wg_err(set, out, xn, res) < 1e-4);
+  }
+  // a NaN input: every row NaN
+  {
+    MultiSet<P> set(2560, {100, 7});
+    auto x = randn(2560);
+    x[1000] = std::nanf("");
+    auto const y = set.run(x, [](auto ws, float const* xp, float* yp) { return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr); });
+    CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
+  }
+  // refused: columns that are not whole 128-blocks, and another policy
+  {
+    auto m = random_matrix<P>(8, 96, 0.05f);
+    auto d = cuda::DeviceMatrix<P>::upload(m.view());
+    cuda::DeviceMatrix<P> const* one[1] = {&d};
+    DeviceVec dx(randn(96)), dy(8);
+    CHECK(cuda::launch_matvec_multi_wg(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(), nullptr) ==
+          cudaErrorInvalidValue);
+    auto r = random_matrix<quant::Fp8Row>(8, 256, 0.05f);
+    auto dr = cuda::DeviceMatrix<quant::Fp8Row>::upload(r.view());
+    cuda::DeviceMatrix<quant::Fp8Row> const* oner[1] = {&dr};
+    DeviceVec dx2(randn(256));
+    CHECK(cuda::launch_matvec_multi_wg(std::span<cuda::DeviceMatrix<quant::Fp8Row> const* const>(oner), dx2.data(), dy.data(),
+                                       nullptr) == cudaErrorInvalidValue);
+  }
+}
+
 TEST_CASE_TEMPLATE("multi-matvec with its rows preloaded into shared memory matches the CPU", P, quant::Fp8Block,
                    quant::Fp8Row, quant::Mxfp4, quant::Bf16) {
   LING_REQUIRE_GPU();

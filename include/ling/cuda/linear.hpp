@@ -301,4 +301,11 @@ template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                     cudaStream_t stream);
 
+// The same (FP8-block only, cols a whole number of 128-column blocks) on FP8 wgmma, the weights streamed by tensor-map
+// copies (matvec_wg.cuh), with an input prologue and a residual (added at the outputs' offsets, may alias y).
+// cudaErrorInvalidValue where it does not apply. rows_per_unit 32 or 64 forces the kernel's unit of rows; 0 chooses.
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y, cudaStream_t stream,
+                                   InputPrologue const& pro = {}, float const* residual = nullptr, int rows_per_unit = 0);
+
 }  // namespace ling::cuda

@@ -14,6 +14,7 @@
 
 #include "ling/cuda/device_common.cuh"
 #include "ling/cuda/linear.cuh"
+#include "ling/cuda/matvec_wg.cuh"
 #include "ling/cuda/moe.cuh"
 #include "ling/cuda/router.cuh"
 #include "ling/cuda/model_weights.hpp"
@@ -246,6 +247,17 @@ inline bool matvec_mma_enabled() {
   return on;
 }
 
+// LING_MATVEC_KERNEL=wg: FP8-block matvecs (cols a multiple of 128) on the wgmma kernel with tensor-map copies
+// (matvec_wg.cuh); =wgproj: only the launches of 16384 rows or more (the KDA projections). A/B measurements.
+inline int matvec_wg_mode() {
+  static int const mode = [] {
+    char const* e = std::getenv("LING_MATVEC_KERNEL");
+    std::string const v = e ? e : "";
+    return v == "wg" ? 1 : v == "wgproj" ? 2 : 0;
+  }();
+  return mode;
+}
+
 // LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj, MLA kv_b and dense) on the kernel that copies
 // its weights into shared memory before the PDL wait (linear.cuh; measured slower, so opt-in).
 inline bool matvec_preload_enabled() {
@@ -291,6 +303,15 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
       if (mma) {
         check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
         return;
+      }
+      if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+        if (int const wg = matvec_wg_mode(); wg == 1 || (wg == 2 && a.row_begin[a.count] >= 16384)) {
+          cudaError_t const e = kernels::launch_matvec_wg_args<P>(a, x, pa, st);
+          if (e != cudaErrorInvalidValue) {  // invalid value: not taken (matvec_wg_supported)
+            check(e, "matvec (wgmma)");
+            return;
+          }
+        }
       }
       if (matvec_preload_enabled()) {
         cudaError_t const e = kernels::launch_matvec_preload_args<P>(a, x, pa, st);

@@ -1,0 +1,505 @@
+// Probe: whether weight streams that run ahead of a decode layer's dependences pass the chain of PDL launches
+// (docs/kernels.md "A persistent step with a shared-memory weight ring"; docs/performance.md, session 31).
+//
+// Why (docs/performance.md, sessions 6 and 20): a step of dependent launches stops at ~77% of the roofline even with
+// ideal kernels, because each launch starts its reads only once the one before it ends (region_chain: 29.7 µs per KDA
+// layer's 101 MB as PDL launches, 22.4 with no dependences at all). The weights do not depend on the region before
+// them, so they can stream across the dependence if something holds them: here, rings of shared memory. Printed:
+//   - the copy engines alone (copy_only): bulk copies, cp.async and register loads over 2 GiB, by bytes in flight;
+//   - one persistent launch (ring_persist): one producer lane per SM requests its part of every region into a ring of
+//     S slots, waiting only for a free slot (and, for the routed regions, for the router region's grid flag); the
+//     consumer warps wait for the previous region's grid flag, fold each slot (the math left out) and hand it back.
+//     Variants: the deal (slices or chunks interleaved over the blocks), pieces per slot, slots freed before the fold,
+//     the consumers left out, spinning waits, the flag's fence, a signalling warp, cp.async producers;
+//   - one PDL launch per region (region_tma): a ring per launch small enough that the next launch's block sits beside
+//     it and requests its slots before its PDL wait.
+//
+// Regions of one layer (MB; D: addresses from the output of the region `back` before): projections 52.5, KDA state 4.4,
+// o_proj 10.5, router 2.6, MoE gate/up 20.7 D (router), MoE down 10.4 D (router), rows of 2560 bytes. µs per layer over
+// 35 layers (best of 7 × 10 graph replays; a memset node before each replay zeroes the grid flags). The last columns of
+// the persistent rows: the median block's and the last block's end (µs after the first block's start) and the share of
+// their time the consumers' thread 0 and the producer spent waiting for slots. Built as the target ring_chain (CUDA
+// builds).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "ling/cuda/async_copy.cuh"
+#include "ling/cuda/linear.cuh"
+#include "probe_util.cuh"
+
+namespace {
+
+namespace k = ling::cuda::kernels;
+
+__device__ __forceinline__ unsigned long long probe_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+constexpr int kRowBytes = 2560;
+constexpr std::uint32_t kMagic = probe::kMagic;
+
+struct Region {
+  char const* p;
+  std::uint64_t rows;
+  int back;  // 0: addresses known before the launch; b > 0: from the output of the region b before (routed experts)
+  unsigned rot;  // interleaved parts: the block that takes the region's first chunk (the blocks take turns in the step)
+};
+
+__device__ __forceinline__ unsigned ld_acquire(unsigned const* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void wait_flag(unsigned const* f, unsigned target) {
+  for (unsigned n = 0; ld_acquire(f) < target; ++n)
+    if (n > (1u << 26)) __trap();  // seconds: never in a correct launch
+}
+// kSpin: mbarrier.test_wait in a loop (the thread never sleeps) instead of try_wait (which may suspend the thread).
+__device__ __forceinline__ void bar_wait(std::uint64_t* bar, unsigned parity, int spin) {
+  if (!spin) return k::mbar_wait(bar, parity);
+  std::uint32_t done = 0;
+  do {
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(k::smem_u32(bar)), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A consumer warp's share of a landed slot of nb bytes, folded into acc, then the slot handed back (one arrival per warp
+// on `empty`). fold 2: into registers first, the slot freed before the math (at most 8 · 16 bytes per thread); 1: read
+// in place, freed after; 0: not read.
+__device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned nb, int threads, int fold, std::uint64_t* empty,
+                                             std::uint32_t& acc) {
+  uint4 const* v = reinterpret_cast<uint4 const*>(slot);
+  bool const lane0 = (threadIdx.x & 31) == 0;
+  if (fold == 2) {
+    uint4 x[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      unsigned const j = threadIdx.x + unsigned(u * threads);
+      x[u] = j < nb / 16u ? v[j] : make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();
+    if (lane0) k::mbar_arrive(empty);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= x[u].x ^ x[u].y ^ x[u].z ^ x[u].w;
+    return;
+  }
+  for (unsigned j = threadIdx.x; fold && j < nb / 16u; j += unsigned(threads)) {
+    uint4 const x = v[j];
+    acc ^= x.x ^ x.y ^ x.z ^ x.w;
+  }
+  __syncwarp();
+  if (lane0) k::mbar_arrive(empty);
+}
+
+// Block b's part of region g, in chunks of `stage` bytes: kMode 0, the contiguous rows [R b / B, R (b + 1) / B) cut
+// into chunks; 1, the region's chunks j ≡ b − rot (mod B) (the whole GPU sweeps the region in address order; the
+// first chunk's block turns so that no block takes the extra chunk of every region).
+struct Part {
+  std::uint64_t first, step, end;  // byte offsets of this block's chunks: first, first + step, ... < end
+};
+__device__ __forceinline__ Part part_of(Region const& g, int mode, unsigned stage) {
+  std::uint64_t const B = gridDim.x, b = blockIdx.x, total = g.rows * kRowBytes;
+  if (mode == 0) {
+    std::uint64_t const lo = g.rows * b / B, hi = g.rows * (b + 1) / B;
+    return Part{lo * kRowBytes, stage, hi * kRowBytes};
+  }
+  return Part{((b + B - g.rot % B) % B) * stage, B * stage, total};
+}
+__device__ __forceinline__ unsigned chunk_bytes(Part const& p, std::uint64_t c, unsigned stage) {
+  std::uint64_t const e = p.step == stage ? p.end : (c + stage < p.end ? c + stage : p.end);
+  return unsigned(e - c < stage ? e - c : stage);
+}
+
+// kWait 1: the consumers wait for the previous region's flag (the real step's dependences); 0: no waits (the ceiling).
+// Threads: kConsumers warps, then one producer warp. Shared memory: S stages of `stage` bytes, then 2 S mbarriers.
+// kCopy 0: bulk copies (cp.async.bulk) from the producer's lane 0, `pieces` per stage; > 0: kCopy producer warps, each
+// lane copying 16-byte pieces (cp.async.cg) of every kCopy-th stage, whose mbarrier counts the warp's 32 lanes
+// (cp.async.mbarrier.arrive.noinc).
+template <int kConsumers, bool kWait, int kCopy = 0>
+__global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
+    ring_persist(Region const* gs, int n, unsigned* flags, int S, unsigned stage, int mode, int pieces, int fold, std::uint32_t* sink,
+                 int cons, int spin, int fence, int sig,
+                 unsigned long long* times) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
+  std::uint64_t* empty = full + S;
+  std::uint64_t* done = empty + S;  // the consumers' arrivals at each region's end, for the signaling warp (sig)
+  auto* rs = reinterpret_cast<Region*>(done + 1);  // the regions, copied once
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) rs[i] = gs[i];
+  gs = rs;
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      k::mbar_init(full + s, kCopy ? 32 : 1);
+      k::mbar_init(empty + s, cons == 2 ? 1 : kConsumers);
+    }
+    k::mbar_init(done, kConsumers);
+    k::mbar_init_fence();
+  }
+  __syncthreads();
+  unsigned const B = gridDim.x;
+  if (threadIdx.x == 0) times[2 * blockIdx.x] = probe_globaltimer();
+  if (sig && warp == kConsumers + 1) {  // the signaling warp: publishes each region's end once the consumers are done
+    if (lane == 0)
+      for (int i = 0; i < n; ++i) {
+        k::mbar_wait(done, unsigned(i) & 1u);
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags + i) : "memory");
+      }
+    return;
+  }
+  if (warp >= kConsumers) {  // the producer
+    if (!kCopy && lane != 0) return;
+    unsigned const pw = unsigned(warp - kConsumers), P = kCopy ? unsigned(kCopy) : 1u;
+    long long pwait = 0, pstart = clock64();
+    unsigned q = 0;  // chunks issued so far (stage q % S, its use q / S)
+    for (int i = 0; i < n; ++i) {
+      Region const g = gs[i];
+      char const* base = g.p;
+      if (g.back > 0 && i >= g.back) {  // the routed experts: their ids come from region i - back's output
+        wait_flag(flags + (i - g.back), B);
+        if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
+      }
+      Part const pt = part_of(g, mode, stage);
+      for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+        unsigned const s = q % unsigned(S), use = q / unsigned(S);
+        if (q % P != pw) continue;
+        long long const t0 = clock64();
+        if (use > 0) bar_wait(cons == 1 ? full + s : empty + s, (use - 1) & 1u, spin & 1);
+        pwait += clock64() - t0;
+        unsigned const nb = chunk_bytes(pt, c, stage);
+        if (kCopy) {
+          char* dst = reinterpret_cast<char*>(smem) + std::size_t(s) * stage;
+          for (unsigned o = unsigned(lane) * 16u; o < nb; o += 512u) k::cp_async16(dst + o, base + c + o);
+          asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(k::smem_u32(full + s)) : "memory");
+          continue;
+        }
+        k::mbar_arrive_expect(full + s, nb);
+        unsigned const piece = (nb / unsigned(pieces) + 15u) & ~15u;
+        for (unsigned o = 0; o < nb; o += piece)
+          k::bulk_copy(smem + std::size_t(s) * stage + o, base + c + o, nb - o < piece ? nb - o : piece, full + s);
+      }
+    }
+    if (pw == 0) {
+      times[4 * gridDim.x + 2 * blockIdx.x] = (unsigned long long)pwait;
+      times[4 * gridDim.x + 2 * blockIdx.x + 1] = (unsigned long long)(clock64() - pstart);
+    }
+    if (cons == 1 && pw == 0)  // nobody else waits for the last copies: they land before the block ends
+      for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r) k::mbar_wait(full + r % unsigned(S), (r / unsigned(S)) & 1u);
+    return;
+  }
+  // the consumers
+  int const threads = 32 * kConsumers;
+  long long cwait = 0, cstart = clock64();
+  std::uint32_t acc = 0;
+  unsigned q = 0;
+  for (int i = 0; i < n; ++i) {
+    if (kWait && i > 0) {
+      if (threadIdx.x == 0) wait_flag(flags + (i - 1), B);
+      named_sync(1, threads);
+      acc ^= __ldcg(sink + 1);  // the region's input (an L2 read after the flag, as the staging)
+    }
+    Part const pt = part_of(gs[i], mode, stage);
+    for (std::uint64_t c = pt.first; c < pt.end && cons != 1 && (cons != 2 || warp == 0); c += pt.step, ++q) {
+      unsigned const s = q % unsigned(S), use = q / unsigned(S);
+      unsigned const nb = chunk_bytes(pt, c, stage);
+      long long const t0 = clock64();
+      bar_wait(full + s, use & 1u, spin & 2);
+      cwait += clock64() - t0;
+      consume_slot(smem + std::size_t(s) * stage, nb, threads, fold, empty + s, acc);
+    }
+    if (sig) {
+      __syncwarp();
+      if (lane == 0) k::mbar_arrive(done);
+      continue;
+    }
+    named_sync(1, threads);  // every consumer warp is done with region i in this block
+    if (threadIdx.x == 0) {
+      if (fence == 0) {  // the grid barrier's way (moe.cuh grid_barrier): fence.sc, then a relaxed add
+        __threadfence();
+        atomicAdd(flags + i, 1u);
+      } else if (fence == 1) {  // a release add: orders this thread's (and, by the named barrier, the block's) writes
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(flags + i) : "memory");
+      } else {  // relaxed (measurement only: orders nothing)
+        asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(flags + i) : "memory");
+      }
+    }
+  }
+  if (acc == kMagic) sink[0] = acc;  // never at run time: keeps the loads
+  named_sync(1, threads);
+  if (threadIdx.x == 0) {
+    times[2 * blockIdx.x + 1] = probe_globaltimer();
+    times[2 * gridDim.x + 2 * blockIdx.x] = (unsigned long long)cwait;
+    times[2 * gridDim.x + 2 * blockIdx.x + 1] = (unsigned long long)(clock64() - cstart);
+  }
+}
+
+
+// One region as one PDL launch of a block per SM that fills at most half of the SM, so that the next region's launch
+// is resident beside it: its producer lane requests the region's first S chunks (S · stage bytes) before the PDL wait,
+// while the launch before it still runs; the consumers wait (griddepcontrol.wait: the previous launches are done) and
+// then use the stages as the ring above. Routed regions (back > 0) request nothing before the wait.
+template <int kConsumers>
+__global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
+    region_tma(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
+  std::uint64_t* empty = full + S;
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  ling::cuda::kernels::pdl_trigger();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      k::mbar_init(full + s, 1);
+      k::mbar_init(empty + s, kConsumers);
+    }
+    k::mbar_init_fence();
+  }
+  __syncthreads();
+  Part const pt = part_of(g, 1, stage);
+  if (warp == kConsumers) {
+    if (lane != 0) return;
+    char const* base = g.p;
+    if (g.back > 0) {
+      ling::cuda::kernels::pdl_wait();
+      if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
+    }
+    unsigned q = 0;
+    for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+      unsigned const s = q % unsigned(S), use = q / unsigned(S);
+      if (use > 0) k::mbar_wait(empty + s, (use - 1) & 1u);
+      unsigned const nb = chunk_bytes(pt, c, stage);
+      k::mbar_arrive_expect(full + s, nb);
+      k::bulk_copy(smem + std::size_t(s) * stage, base + c, nb, full + s);
+    }
+    return;
+  }
+  ling::cuda::kernels::pdl_wait();
+  std::uint32_t acc = __ldcg(sink + 1);  // the region's input
+  int const threads = 32 * kConsumers;
+  unsigned q = 0;
+  for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+    unsigned const s = q % unsigned(S), use = q / unsigned(S);
+    unsigned const nb = chunk_bytes(pt, c, stage);
+    k::mbar_wait(full + s, use & 1u);
+    consume_slot(smem + std::size_t(s) * stage, nb, threads, fold, empty + s, acc);
+  }
+  if (acc == kMagic) sink[0] = acc;
+}
+
+// The copy engines alone: each block streams `bytes_per_block` contiguous bytes (blocks interleaved by `chunk`) into
+// S slots of shared memory, its lane 0 issuing bulk copies (kMode 0) or its warps copying 16 bytes per lane (kMode 1,
+// each warp its own slots), waiting for a slot's previous copy before reusing it; nobody reads the slots. kMode 2:
+// the warps load 16 bytes per lane into registers instead (kU per lane in flight), the reference.
+template <int kMode, int kU = 4>
+__global__ void __launch_bounds__(512, 1) copy_only(char const* src, std::uint64_t total, unsigned chunk, int S, std::uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), warps = int(blockDim.x >> 5);
+  std::uint64_t const B = gridDim.x;
+  std::uint32_t acc = 0;
+  if (kMode == 0) {
+    auto* bar = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * chunk);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < S; ++s) k::mbar_init(bar + s, 1);
+      k::mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    unsigned q = 0;
+    for (std::uint64_t c = blockIdx.x * std::uint64_t(chunk); c < total; c += B * chunk, ++q) {
+      unsigned const s = q % unsigned(S), use = q / unsigned(S);
+      if (use > 0) k::mbar_wait(bar + s, (use - 1) & 1u);
+      k::mbar_arrive_expect(bar + s, chunk);
+      k::bulk_copy(smem + std::size_t(s) * chunk, src + c, chunk, bar + s);
+    }
+    for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r) k::mbar_wait(bar + r % unsigned(S), (r / unsigned(S)) & 1u);
+    return;
+  }
+  if (kMode == 1) {  // warp w copies the chunks w, w + warps, ... of its block's chunks into its own S / warps slots
+    int const per = S / warps > 0 ? S / warps : 1;
+    unsigned char* mine = smem + std::size_t(warp) * per * chunk;
+    unsigned q = 0;
+    for (std::uint64_t c = (blockIdx.x * std::uint64_t(warps) + unsigned(warp)) * chunk; c < total; c += B * warps * chunk, ++q) {
+      unsigned char* dst = mine + std::size_t(q % unsigned(per)) * chunk;
+      for (unsigned o = unsigned(lane) * 16u; o < chunk; o += 512u) k::cp_async16(dst + o, src + c + o);
+      k::cp_async_commit();
+      k::cp_async_wait(per - 1 > 3 ? 3 : per - 1);
+    }
+    k::cp_async_wait(0);
+    return;
+  }
+  // kMode 2: registers, warp-sized pieces of 512 bytes, kU in flight per lane
+  std::uint64_t const W = B * unsigned(warps), w = blockIdx.x * std::uint64_t(warps) + unsigned(warp);
+  for (std::uint64_t c = w * 512u * kU; c < total; c += W * 512u * kU) {
+    uint4 v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = probe::ldnc(reinterpret_cast<uint4 const*>(src + c + 512u * unsigned(u)) + lane);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  if (acc == kMagic) sink[0] = acc;
+}
+
+}  // namespace
+
+int main() {
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int kLayers = 35, kConsumers = 8;
+  struct Kind {
+    char const* name;
+    double mb;
+    int back;
+  };
+  Kind const parts[] = {{"proj", 52.5, 0}, {"kstep", 4.4, 0}, {"oproj", 10.5, 0},
+                        {"router", 2.6, 0}, {"moeA", 20.7, 1}, {"moeB", 10.4, 2}};
+  double layer_bytes = 0;
+  for (Kind const& p : parts) layer_bytes += p.mb * 1e6;
+  std::size_t const pool_bytes = std::size_t(4) << 30;
+  char* pool;
+  unsigned* flags;
+  std::uint32_t* sink;
+  unsigned long long* times;
+  Region* dgs;
+  CK(cudaMalloc(&pool, pool_bytes));
+  CK(cudaMemset(pool, 1, pool_bytes));
+  CK(cudaMalloc(&sink, 64));
+  CK(cudaMemset(sink, 0, 64));
+  CK(cudaMalloc(&times, sizeof(unsigned long long) * 12 * std::size_t(sms)));
+  // the regions (rot: for chunks of `stage` bytes)
+  auto regions = [&](unsigned stage) {
+    std::vector<Region> gs;
+    std::size_t at = 0;
+    unsigned rot = 0;
+    for (int l = 0; l < kLayers; ++l)
+      for (Kind const& p : parts) {
+        std::uint64_t const rows = std::uint64_t(p.mb * 1e6 / kRowBytes);
+        gs.push_back(Region{pool + at, rows, p.back, rot});
+        rot = unsigned((rot + (rows * kRowBytes + stage - 1) / stage) % unsigned(sms));
+        at += (rows + 1) * kRowBytes;  // + 1: a dependent region may read one row further
+      }
+    if (at > pool_bytes) { std::printf("pool too small\n"); std::exit(1); }
+    return gs;
+  };
+  std::vector<Region> gs = regions(24u << 10);
+  int const n = int(gs.size());
+  CK(cudaMalloc(&flags, sizeof(unsigned) * std::size_t(n)));
+  CK(cudaMalloc(&dgs, sizeof(Region) * gs.size()));
+  CK(cudaMemcpy(dgs, gs.data(), sizeof(Region) * gs.size(), cudaMemcpyHostToDevice));
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::printf("SMs %d, one block of %d consumer warps + 1 producer per SM, %d layers of %.1f MB (", sms, kConsumers,
+              kLayers, layer_bytes / 1e6);
+  for (Kind const& p : parts) std::printf(" %s %.1f%s", p.name, p.mb, p.back ? "D" : "");
+  std::printf(" )\n%-80s %10s %8s %10s %10s\n", "variant", "us/layer", "GB/s", "med end", "last end");
+  std::printf("(last two columns: the share of time the consumers' thread 0 and the producer spent waiting, medians)\n");
+  // the blocks' spread in the last replay: the median and the last block's end, µs after the first block's start
+  double cw = 0, pw = 0;  // the consumers' (thread 0) and the producer's share of their time spent waiting, medians
+  auto spread = [&](double& med, double& last) {
+    std::vector<unsigned long long> t(6 * std::size_t(sms));
+    CK(cudaMemcpy(t.data(), times, sizeof(unsigned long long) * t.size(), cudaMemcpyDeviceToHost));
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < sms; ++b) t0 = t[2 * b] < t0 ? t[2 * b] : t0;
+    std::vector<double> ends;
+    for (int b = 0; b < sms; ++b) ends.push_back(double(t[2 * b + 1] - t0) * 1e-3);
+    med = probe::quantile(ends, 0.5);
+    std::vector<double> c, p;
+    for (int b = 0; b < sms; ++b) {
+      c.push_back(double(t[2 * sms + 2 * b]) / double(t[2 * sms + 2 * b + 1] + 1));
+      p.push_back(double(t[4 * sms + 2 * b]) / double(t[4 * sms + 2 * b + 1] + 1));
+    }
+    cw = probe::quantile(c, 0.5);
+    pw = probe::quantile(p, 0.5);
+    last = probe::quantile(ends, 1.0);
+  };
+  auto run = [&](auto kern, char const* name, int S, unsigned stage, int mode, int pieces, int fold = 1, int per_sm = 1,
+                 int cons = 0, int spin = 0, int fence = 0, int sig = 0) {
+    std::size_t const smem = std::size_t(S) * stage + 16 * std::size_t(S) + 8 + sizeof(Region) * std::size_t(n);
+    gs = regions(stage);
+    CK(cudaMemcpy(dgs, gs.data(), sizeof(Region) * gs.size(), cudaMemcpyHostToDevice));
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    float const us = probe::time_graph(st, kLayers, [&] {
+      CK(cudaMemsetAsync(flags, 0, sizeof(unsigned) * std::size_t(n), st));
+      kern<<<sms * per_sm, 32 * (kConsumers + 2), smem, st>>>(dgs, n, flags, S, stage, mode, pieces, fold, sink, cons, spin, fence, sig, times);
+      CK(cudaGetLastError());
+    });
+    double med, last;
+    spread(med, last);
+    char label[160];
+    std::snprintf(label, sizeof label, "%s, %d x %u KB, %s, %d pc%s%s%s%s%s%s%s", name, S, stage / 1024, mode ? "inter" : "slices",
+                  pieces, fold ? "" : ", no fold", per_sm > 1 ? ", 2 blocks/SM" : "",
+                  cons == 1 ? ", no consumer" : cons == 2 ? ", 1 consumer warp" : "",
+                  spin == 1 ? ", P spins" : spin == 2 ? ", C spin" : spin == 3 ? ", all spin" : "",
+                  fence == 1 ? ", release add" : fence == 2 ? ", relaxed add" : "", fold == 2 ? ", early free" : "",
+                  sig ? ", signal warp" : "");
+    std::printf("%-80s %10.2f %8.0f %10.1f %10.1f %6.2f %6.2f\n", label, us, layer_bytes / (us * 1e-6) / 1e9, med, last, cw, pw);
+  };
+  auto waits = ring_persist<kConsumers, true>;
+  auto free_run = ring_persist<kConsumers, false>;
+  // the copy engines alone over 2 GiB
+  auto copy_run = [&](auto kern, char const* name, int per_sm, int threads, unsigned chunk, int S) {
+    std::size_t const smem = kern == copy_only<2> ? 0 : std::size_t(S) * chunk + 16 * std::size_t(S);
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    std::uint64_t const total = std::uint64_t(2) << 30;
+    float const us = probe::time_graph(st, 1, [&] {
+      kern<<<sms * per_sm, threads, smem, st>>>(pool, total, chunk, S, sink);
+      CK(cudaGetLastError());
+    });
+    std::printf("%-28s %d x %3d thr, %2d x %2u KB %10.1f us %8.0f GB/s\n", name, per_sm, threads, S, chunk / 1024, us,
+                double(total) / (us * 1e-6) / 1e9);
+  };
+  // the co-resident launch chain: one launch per region
+  auto chain = [&](int consumers, int S, unsigned stage, int fold, int per_sm) {
+    std::vector<Region> const rg = regions(stage);
+    std::size_t const smem = std::size_t(S) * stage + 16 * std::size_t(S);
+    auto kern = consumers == 4 ? region_tma<4> : region_tma<8>;
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    float const us = probe::time_graph(st, kLayers, [&] {
+      for (Region const& g : rg)
+        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))), smem, st, g,
+                                          S, stage, fold, sink));
+    });
+    char label[160];
+    std::snprintf(label, sizeof label, "PDL chain, %d consumer warps, %d x %u KB, %d block%s/SM%s", consumers, S, stage / 1024,
+                  per_sm, per_sm > 1 ? "s" : "", fold == 2 ? ", early free" : "");
+    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  chain(4, 4, 24u << 10, 2, 1);
+  chain(4, 4, 24u << 10, 1, 1);
+  chain(8, 4, 24u << 10, 2, 1);
+  chain(4, 3, 32u << 10, 2, 1);
+  chain(4, 6, 16u << 10, 2, 1);
+  chain(4, 2, 24u << 10, 2, 2);
+  chain(4, 8, 24u << 10, 2, 1);
+  // the copy engines alone (2 GiB)
+  copy_run(copy_only<2>, "registers", 2, 256, 512, 1);
+  copy_run(copy_only<0>, "bulk", 1, 32, 24u << 10, 8);
+  copy_run(copy_only<0>, "bulk", 1, 32, 8u << 10, 24);
+  copy_run(copy_only<0>, "bulk", 1, 32, 4u << 10, 48);
+  copy_run(copy_only<1>, "cp.async", 1, 256, 6u << 10, 32);
+  // one persistent launch: run(kernel, name, S, stage, mode, pieces, fold, per_sm, cons, spin, fence, sig)
+  run(free_run, "bulk, no waits", 8, 24u << 10, 1, 1, 1, 1, 1);  // the consumers left out
+  run(free_run, "bulk, no waits", 8, 24u << 10, 1, 1, 1, 1, 0, 0, 1);
+  run(free_run, "bulk, no waits", 8, 24u << 10, 1, 1, 1, 1, 0, 0, 2);
+  run(free_run, "bulk, no waits", 8, 24u << 10, 1, 1, 2, 1, 0, 0, 2);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 1, 1, 1, 0, 0, 0);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 1, 1, 1, 0, 0, 1);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 1, 2, 1, 0, 0, 1);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 1, 2, 1, 0, 0, 1, 1);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 1, 2, 1, 0, 0, 2, 0);
+  run(waits, "bulk, flags", 16, 12u << 10, 1, 1, 2, 1, 0, 0, 1, 1);
+  run(waits, "bulk, flags", 8, 24u << 10, 0, 1, 2, 1, 0, 0, 1, 1);
+  run(waits, "bulk, flags", 8, 24u << 10, 1, 6, 2, 1, 0, 3, 1, 1);
+  run(ring_persist<kConsumers, true, 1>, "cp.async 1 warp, flags", 8, 24u << 10, 1, 1, 2, 1, 0, 0, 1, 1);
+  CK(cudaStreamSynchronize(st));
+  return 0;
+}

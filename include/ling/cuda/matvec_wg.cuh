@@ -1,0 +1,522 @@
+#pragma once
+// The FP8-block matvec on FP8 wgmma, its weights streamed by tensor-map copies (TMA) into a ring of shared memory
+// (docs/kernels.md "FP8 matvec on wgmma with tensor-map copies"). Opt-in (the model's LING_MATVEC_KERNEL=wg or wgproj):
+// measured slower in place than the CUDA-core kernel (session 31). nvcc only, sm_90a.
+//
+// Why: the CUDA-core matvec spends ~7 instructions per weight (decode, FMA, addresses) and can request the next
+// weights only as far as its registers reach. Here
+//   - one producer lane per block requests tiles of R rows × kKbs k-blocks of 128 bytes (16 KB) by one
+//     cp.async.bulk.tensor each, into a ring of kWgvStages slots, from the kernel's entry (the weights depend on no
+//     earlier kernel, so the producer never waits on the PDL);
+//   - the tensor map lands each k-block as [R rows][128 bytes] with the 128-byte swizzle that wgmma's K-major shared
+//     descriptor reads: the weights reach the tensor cores as stored, with no decode instruction;
+//   - the consumer warpgroup stages the input from registers (plain or RMSNorm) and cuts it into kWgvLimbs E4M3 limbs
+//     per element (each the remainder of the one before times 16), with one power-of-two scale per k-block of 128; a
+//     k-block's four k-steps accumulate on the tensor core and are added in fp32 with the block's weight scale, so the
+//     tensor core's own accumulation spans 128 products only.
+// Units of R rows (32: m64n16 over two k-blocks; 64: m64n8) are dealt to the blocks round robin.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <span>
+#include <utility>
+
+#include "ling/cuda/async_copy.cuh"
+#include "ling/cuda/linear.cuh"
+#include "ling/cuda/wgmma.cuh"
+
+namespace ling::cuda::kernels {
+
+inline constexpr int kWgvLimbs = 4;          // E4M3 limbs per input element (B's columns 0-3; 4-7 are zero)
+inline constexpr int kWgvThreads = 160;      // warps 0-3: the consumer warpgroup; warp 4: the producer
+inline constexpr int kWgvStageBytes = 16384;  // one tensor-map copy: R rows × (16384 / 128 R) k-blocks
+inline constexpr int kWgvStages = 8;          // ring slots
+inline constexpr int kWgvMaxCols = 6144;      // shared memory: ring 128 KB, B 6 KB per 768 columns
+
+struct WgvArgs {
+  CUtensorMap map[kMaxMultiMatrices];  // [128 bytes, rows, k-blocks], boxes of [128, R, kKbs], 128-byte swizzle
+  float const* scales[kMaxMultiMatrices];
+  float* out[kMaxMultiMatrices];
+  float const* residual[kMaxMultiMatrices];
+  std::int32_t rows[kMaxMultiMatrices];
+  std::int32_t unit_begin[kMaxMultiMatrices + 1];  // prefix sums of units (R rows each)
+  int count = 0, cols = 0, nkb = 0;
+  int prefill = kWgvStages;  // slots the producer requests before the consumers have their input (then it waits)
+  unsigned long long* trace = nullptr;
+  unsigned long long* dbg = nullptr;  // measurements (bench/probes/matvec_wg): kWgvDbg values per block, or null
+};
+// The measurement points of WgvArgs::dbg (global ns, but 6 and 7: SM cycles summed): 0 entry, 1 the prefill issued,
+// 2 the PDL wait passed, 3 the input staged, 4 the limbs staged, 5 the first slot landed, 6 the consumers' waits for
+// slots, 7 the producer's waits for free slots, 8 the consumers' end, 9 the consumers' waits for their wgmmas.
+inline constexpr int kWgvDbg = 10;
+__device__ __forceinline__ void wgv_dbg(unsigned long long* d, int i, unsigned long long v) {
+  if (d) d[blockIdx.x * kWgvDbg + i] = v;
+}
+
+// A tensor-map copy of the box at coordinates (c0, c1, c2) into dst, completing on bar.
+__device__ __forceinline__ void tma_load_2d(void* dst, CUtensorMap const* map, int c0, int c1, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* dst, CUtensorMap const* map, int c0, int c1, int c2, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+// A's descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, the layout the tensor map lands), at p (a k-step
+// inside the atom: p advanced by 32 bytes per k-step of 32 E4M3).
+__device__ __forceinline__ std::uint64_t wgmma_desc_sw128(void const* p) {
+  return std::uint64_t((smem_u32(p) & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(1024 >> 4) << 32) |
+         (std::uint64_t(1) << 62);
+}
+// D (+)= A · B, one k-step of 32, both from shared memory (m64n8k32). `accumulate`: a run-time value (wgmma.cuh).
+__device__ __forceinline__ void wgmma_e4m3_ss_n8(float (&d)[4], std::uint64_t da, std::uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// k-blocks rounded up to a whole ring slot (at most 4 k-blocks per slot): B's size.
+__host__ __device__ constexpr int wgv_kb_pad(int nkb) { return (nkb + 3) / 4 * 4; }
+inline constexpr int kWgvScaleUnits = 8;  // units whose weight scales a block stages in shared memory (the rest: L2)
+// The same, m64n16k32.
+__device__ __forceinline__ void wgmma_e4m3_ss_n16(float (&d)[8], std::uint64_t da, std::uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// B's layout, R = 32 (kPair): a wgmma's 64 rows of A are a unit's 32 rows of two k-blocks (kb, kb + 1: the tiles lie
+// one after the other), so B is m64n16: columns 0-3 the limbs of k-block kb, 8-11 those of kb + 1, at the same k-step;
+// rows 0-31 of D use columns 0-3, rows 32-63 columns 8-11. R = 64: n8, columns 0-3. The byte of limb l, element k of
+// k-step kk of k-block kb:
+template <bool kPair>
+__host__ __device__ constexpr int wgv_b_offset(int kb, int kk, int l, int k) {
+  return kPair ? wgmma_b_offset(16, 4 * (kb >> 1) + kk, 8 * (kb & 1) + l, k) : wgmma_b_offset(8, 4 * kb + kk, l, k);
+}
+// Shared memory of the kernel, from a 1024-byte boundary: the ring, B (8 bytes per column, whole slots), the limbs'
+// scales, the first units' weight scales, 4 floats for the RMS sum, the barriers.
+struct WgvSmem {
+  int ring, b, xsc, wsc, red, red2, bars, total;
+};
+__host__ __device__ constexpr WgvSmem wgv_smem(int cols) {
+  WgvSmem s{};
+  int const nkb = cols / 128;
+  s.ring = 0;
+  s.b = kWgvStages * kWgvStageBytes;
+  s.xsc = s.b + 8 * 128 * wgv_kb_pad(nkb);
+  s.wsc = s.xsc + 4 * nkb;
+  s.red = s.wsc + 4 * kWgvScaleUnits * nkb;
+  s.red2 = s.red + 16;  // [2][32] floats: R = 32's row sums of warps 2-3, by unit parity
+  s.bars = (s.red2 + 256 + 15) / 16 * 16;  // mbarriers: 8-byte aligned
+  s.total = s.bars + 16 * kWgvStages + 16;  // + the scales' and the input's barriers
+  return s;
+}
+
+// The consumer warpgroup (128 threads, named barrier 1) stages the input: x (and, for the RMSNorm prologue, the norm's
+// weights) into registers, 4 elements per thread and k-block (warp w takes k-blocks w, w + 4, ...; lane l elements
+// 4 l .. 4 l + 3 of each), the RMS statistic over the warpgroup, then each k-block's kWgvLimbs E4M3 limbs into B.
+// xsc[kb] = the value of limb 0's unit (the k-block's 2^e); NaN when the k-block holds a NaN or an infinity.
+// No staged copy of x: the limbs are built from registers. kJ: the most k-blocks per warp (cols / 512).
+template <int kJ>
+struct WgvInput {
+  float4 v[kJ], w[kJ];
+};
+// Before the PDL wait: the RMSNorm's weights (a weight, like the matrix: no earlier kernel writes them); 1 otherwise.
+template <int kJ>
+__device__ __forceinline__ void wgv_load_norm(WgvInput<kJ>& in, InputPrologue const& p, int cols) {
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nkb = cols / 128;
+  bool const norm = p.kind == PrologueKind::kRmsNorm;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    int const kb = warp + 4 * j, c = 128 * kb + 4 * lane;
+    in.w[j] = kb < nkb && norm ? __ldg(reinterpret_cast<float4 const*>(p.norm_w + c)) : make_float4(1.f, 1.f, 1.f, 1.f);
+  }
+}
+template <bool kPair, int kJ>
+__device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, float* red, float const* __restrict__ x,
+                                                InputPrologue const& p, int cols, WgvInput<kJ>& in) {
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nkb = cols / 128;
+  bool const norm = p.kind == PrologueKind::kRmsNorm;
+  float4 (&v)[kJ] = in.v;
+  float4 const (&w)[kJ] = in.w;
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {  // every load first: one round trip
+    int const kb = warp + 4 * j, c = 128 * kb + 4 * lane;
+    v[j] = kb < nkb ? __ldg(reinterpret_cast<float4 const*>(x + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float inv = 1.f;
+  if (norm) {
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kJ; ++j) ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+    ss = warp_sum(ss);
+    if (lane == 0) red[warp] = ss;
+    asm volatile("bar.sync 1, 128;" ::: "memory");
+    inv = rsqrtf((red[0] + red[1] + red[2] + red[3]) / float(cols) + p.eps);
+  }
+#pragma unroll
+  for (int j = 0; j < kJ; ++j) {
+    int const kb = warp + 4 * j;
+    if (kb >= nkb) continue;
+    float const e4[4] = {v[j].x * inv * w[j].x, v[j].y * inv * w[j].y, v[j].z * inv * w[j].z, v[j].w * inv * w[j].w};
+    std::uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) m = max(m, __float_as_uint(fabsf(e4[i])));
+    m = __reduce_max_sync(0xffffffffu, m);
+    bool const finite = m < 0x7F800000u;
+    // the k-block's largest · 2^-e in [128, 256) (an all-zero block: any e; subnormal maxima: the smallest)
+    int const e = m == 0 ? 0 : max(int(m >> 23) - 134, -126);
+    float const sc = __uint_as_float(std::uint32_t(127 - e) << 23);
+    float2 r[2] = {make_float2(finite ? e4[0] * sc : 0.f, finite ? e4[1] * sc : 0.f),
+                   make_float2(finite ? e4[2] * sc : 0.f, finite ? e4[3] * sc : 0.f)};
+    std::uint32_t lw[kWgvLimbs] = {};
+#pragma unroll
+    for (int l = 0; l < kWgvLimbs; ++l)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // two elements per conversion
+        __nv_fp8x2_storage_t const c = __nv_cvt_float2_to_fp8x2(r[h], __NV_SATFINITE, __NV_E4M3);
+        lw[l] |= std::uint32_t(c) << (16 * h);
+        float2 const back = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(c, __NV_E4M3)));
+        r[h] = make_float2((r[h].x - back.x) * 16.f, (r[h].y - back.y) * 16.f);
+      }
+    int const k = 4 * (lane & 7), s = lane >> 3;  // the k-step of the k-block and its row of the 4 elements
+#pragma unroll
+    for (int l = 0; l < kWgvLimbs; ++l) *reinterpret_cast<std::uint32_t*>(B + wgv_b_offset<kPair>(kb, s, l, k)) = lw[l];
+    if (lane == 0) xsc[kb] = finite ? ldexpf(1.f, e) : __uint_as_float(0x7FC00000u);
+  }
+}
+
+template <int R>
+__global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_constant__ WgvArgs const a, float const* x, InputPrologue pro) {
+  constexpr int kKbs = kWgvStageBytes / (R * 128);  // k-blocks per ring slot
+  constexpr bool kPair = R == 32;                     // wgmma m64n16 over two k-blocks (wgv_b_offset)
+  constexpr int kMma = kPair ? kKbs / 2 : kKbs;       // wgmma chains per slot
+  constexpr int kAcc = kPair ? 8 : 4;                 // accumulators per chain and thread
+  extern __shared__ __align__(1024) unsigned char wgv_raw[];
+  pdl_trigger();
+  trace_mark(a.trace, 0);
+  if (threadIdx.x == 0) wgv_dbg(a.dbg, 0, global_ns());
+  unsigned char* const base = wgv_raw + ((1024u - (smem_u32(wgv_raw) & 1023u)) & 1023u);
+  WgvSmem const L = wgv_smem(a.cols);
+  unsigned char* const ring = base + L.ring;
+  unsigned char* const B = base + L.b;
+  float* const xsc = reinterpret_cast<float*>(base + L.xsc);
+  float* const wsc = reinterpret_cast<float*>(base + L.wsc);
+  float* const red = reinterpret_cast<float*>(base + L.red);
+  float* const red2 = reinterpret_cast<float*>(base + L.red2);
+  auto* const full = reinterpret_cast<std::uint64_t*>(base + L.bars);
+  std::uint64_t* const empty = full + kWgvStages;
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nkb = a.nkb;
+  int const units = a.unit_begin[a.count], spu = (nkb + kKbs - 1) / kKbs;  // ring slots per unit
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kWgvStages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 4);  // the consumer warps
+    }
+    mbar_init(empty + kWgvStages, 1);      // the first units' weight scales staged (warp 4's lane 1)
+    mbar_init(empty + kWgvStages + 1, 1);  // the consumers' input loaded (thread 0)
+    mbar_init_fence();
+  }
+  __syncthreads();
+  auto unit_of = [&](int u, int& m, int& r0) {
+    m = 0;
+    while (m + 1 < a.count && u >= a.unit_begin[m + 1]) ++m;
+    r0 = (u - a.unit_begin[m]) * R;
+  };
+  // the producer's position: unit pu, slot pj of it, slots issued pq
+  int pu = int(blockIdx.x), pj = 0;
+  unsigned pq = 0;
+  long long pwait = 0;
+  auto produce = [&]() {
+    unsigned const s = pq % unsigned(kWgvStages), use = pq / unsigned(kWgvStages);
+    if (use > 0) {
+      long long const t0 = clock64();
+      mbar_wait(empty + s, (use - 1) & 1u);
+      pwait += clock64() - t0;
+    }
+    int m, r0;
+    unit_of(pu, m, r0);
+    mbar_arrive_expect(full + s, unsigned(kWgvStageBytes));
+    tma_load_3d(ring + std::size_t(s) * kWgvStageBytes, &a.map[m], 0, r0, pj * kKbs, full + s);
+    ++pq;
+    if (++pj == spu) pj = 0, pu += int(gridDim.x);
+  };
+  int const mine = (units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // this block's units
+  std::uint64_t* const sbar = empty + kWgvStages;
+  if (warp == 4) {  // the producer: weights only, so no PDL wait; it joins no barrier of the consumers'
+    if (lane == 0) {
+      wgv_dbg(a.dbg, 1, global_ns());
+      // the first slots at once; the rest once the consumers have loaded their input, whose loads would otherwise
+      // queue behind this SM's copies (session 31: the staging took 2.5-6 µs behind 8 slots in flight)
+      for (int i = 0; i < a.prefill && pu < units; ++i) produce();
+      if (a.prefill < kWgvStages) mbar_wait(empty + kWgvStages + 1, 0u);
+      while (pu < units) produce();
+      wgv_dbg(a.dbg, 7, (unsigned long long)pwait);
+    } else {  // lanes 1-31: the first units' weight scales into shared memory, while lane 0 streams
+      for (int i = lane - 1; i < min(mine, kWgvScaleUnits) * nkb; i += 31) {
+        int m, r0;
+        unit_of(int(blockIdx.x) + i / nkb * int(gridDim.x), m, r0);
+        wsc[i] = __ldg(a.scales[m] + std::int64_t(r0 / 128) * nkb + i % nkb);
+      }
+      __syncwarp(0xFFFFFFFEu);
+      if (lane == 1) mbar_arrive(sbar);  // releases the lanes' stores to the consumers that wait on it
+    }
+    trace_end(a.trace);
+    return;
+  }
+  // the consumers, before the PDL wait: B zeroed (the limbs fill their columns after the wait), the norm's weights
+  for (int i = int(threadIdx.x); i < wgv_kb_pad(nkb) * 1024 / 16; i += 128) reinterpret_cast<uint4*>(B)[i] = make_uint4(0u, 0u, 0u, 0u);
+  WgvInput<kWgvMaxCols / 512> in;
+  wgv_load_norm(in, pro, a.cols);
+  asm volatile("bar.sync 1, 128;" ::: "memory");  // the zeros before any thread's limbs
+  pdl_wait();
+  trace_mark(a.trace, 1);
+  if (threadIdx.x == 0) wgv_dbg(a.dbg, 2, global_ns());
+  wgv_stage_input<kPair>(B, xsc, red, x, pro, a.cols, in);
+  if (threadIdx.x == 0) {
+    mbar_arrive(empty + kWgvStages + 1);  // the input is in: the producer requests the rest
+    wgv_dbg(a.dbg, 3, global_ns());
+  }
+  fence_proxy_async_smem();  // B's generic writes before the wgmmas read it (the async proxy)
+  asm volatile("bar.sync 1, 128;" ::: "memory");
+  mbar_wait(sbar, 0);  // the weight scales
+  trace_mark(a.trace, 2);
+  if (threadIdx.x == 0) wgv_dbg(a.dbg, 4, global_ns());
+  // the consumer warpgroup: per slot, the wgmmas of all its k-blocks (chains interleaved), then the slot before it
+  // awaited and added up (the loop below)
+  constexpr int kWgvDepth = 2;  // slots whose wgmmas are in flight
+  int const one = nkb > 0 ? 1 : 0;  // a run-time 1 (wgmma's accumulate flag must not be a constant)
+  int const t = lane & 3, g = lane >> 2;
+  float const c0 = t == 0 ? 1.f : t == 1 ? 1.f / 256.f : 0.f;  // the limbs' weights, columns 2 t and 2 t + 1
+  float const c1 = t == 0 ? 1.f / 16.f : t == 1 ? 1.f / 4096.f : 0.f;
+  std::uint64_t const db0 = wgmma_desc_kmajor(B);
+  int const nslots = mine * spu;  // this block's slots
+  float acc[kWgvDepth][kMma][kAcc], fq[kWgvDepth][kKbs];
+  float tot0 = 0.f, tot1 = 0.f;
+  long long cwait = 0, gwait = 0;
+  auto issue = [&]<int p>(std::integral_constant<int, p>, int ql) {  // slot ql's wgmmas (ql < nslots)
+    int const j = ql % spu, ul = ql / spu;
+    float const* sc = wsc + ul * nkb;  // the unit's weight scales (staged, or from L2 past the first units)
+    if (ul >= kWgvScaleUnits) {
+      int m, r0;
+      unit_of(int(blockIdx.x) + ul * int(gridDim.x), m, r0);
+      sc = a.scales[m] + std::int64_t(r0 / 128) * nkb;
+    }
+#pragma unroll
+    for (int i = 0; i < kKbs; ++i) {
+      int const kb = j * kKbs + i;
+      fq[p][i] = kb < nkb ? sc[kb] * xsc[kb] : 0.f;  // past nkb: 0 (B and the tile are zero there)
+    }
+    unsigned const s = unsigned(ql) % unsigned(kWgvStages), use = unsigned(ql) / unsigned(kWgvStages);
+    unsigned char const* const st = ring + std::size_t(s) * kWgvStageBytes;
+    long long const t0 = clock64();
+    mbar_wait(full + s, use & 1u);
+    cwait += clock64() - t0;
+    if (ql == 0 && threadIdx.x == 0) wgv_dbg(a.dbg, 5, global_ns());
+    // the descriptors: the slot's and the k-blocks' bases once, then constant offsets (16-byte units of the address
+    // field, which no offset here carries out of)
+    std::uint64_t const da0 = wgmma_desc_sw128(st), db1 = db0 + std::uint64_t(wgv_b_offset<kPair>(j * kKbs, 0, 0, 0) >> 4);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int i = 0; i < kMma; ++i) {  // chain i: k-block (kPair ? 2 : 1) i of the slot
+        std::uint64_t const da = da0 + std::uint64_t(((kPair ? 2 : 1) * i * R * 128 + kk * 32) >> 4);
+        std::uint64_t const db = db1 + std::uint64_t(wgv_b_offset<kPair>((kPair ? 2 : 1) * i, kk, 0, 0) >> 4);
+        if constexpr (kPair) wgmma_e4m3_ss_n16(acc[p][i], da, db, kk > 0 ? one : one - 1);
+        else wgmma_e4m3_ss_n8(acc[p][i], da, db, kk > 0 ? one : one - 1);
+      }
+    wgmma_commit();
+  };
+  auto retire = [&]<int p>(std::integral_constant<int, p>, int ql) {  // slot ql's group is done
+    // kPair: warps 0-1 hold the chain's first k-block (columns 0-3: d[0-3]), warps 2-3 its second (columns 8-11:
+    // d[4-7]), both for the unit's rows 16 (warp % 2) + g and + 8
+    bool const hi = kPair && warp >= 2;
+#pragma unroll
+    for (int i = 0; i < kMma; ++i) {
+      wgmma_fence_acc(acc[p][i]);
+      float const(&d)[kAcc] = acc[p][i];
+      float const d0 = hi ? d[kAcc - 4] : d[0], d1 = hi ? d[kAcc - 3] : d[1];  // selects: no indexing of registers
+      float const d2 = hi ? d[kAcc - 2] : d[2], d3 = hi ? d[kAcc - 1] : d[3];
+      float const f = kPair ? (hi ? fq[p][(2 * i + 1) % kKbs] : fq[p][2 * i]) : fq[p][i];
+      tot0 = fmaf(fmaf(d0, c0, d1 * c1), f, tot0);
+      tot1 = fmaf(fmaf(d2, c0, d3 * c1), f, tot1);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + unsigned(ql) % unsigned(kWgvStages));  // the producer may refill the slot
+    if (ql % spu == spu - 1) {  // the unit's last slot: its rows
+      int m, r0;
+      unit_of(int(blockIdx.x) + ql / spu * int(gridDim.x), m, r0);
+      float s0 = tot0 + __shfl_xor_sync(0xffffffffu, tot0, 1), s1 = tot1 + __shfl_xor_sync(0xffffffffu, tot1, 1);
+      if constexpr (kPair) {  // warps 2-3's sums (the odd k-blocks) to warps 0-1, through shared memory
+        float* const r2 = red2 + 32 * ((ql / spu) & 1);
+        if (hi && t == 0) r2[16 * (warp - 2) + g] = s0, r2[16 * (warp - 2) + g + 8] = s1;
+        asm volatile("bar.sync 1, 128;" ::: "memory");
+        if (!hi) s0 += r2[16 * warp + g], s1 += r2[16 * warp + g + 8];
+      }
+      if (t == 0 && warp < (kPair ? 2 : R / 16)) {
+        int const ra = r0 + 16 * warp + g, rb = ra + 8;
+        if (ra < a.rows[m]) a.out[m][ra] = a.residual[m] ? s0 + a.residual[m][ra] : s0;
+        if (rb < a.rows[m]) a.out[m][rb] = a.residual[m] ? s1 + a.residual[m][rb] : s1;
+      }
+      tot0 = tot1 = 0.f;
+    }
+  };
+  // slot q's wgmmas issued, then slot q - 1's awaited and added up (two slots in flight). The tail is peeled: ptxas
+  // serialized every wgmma (C7514) when a generic loop over four accumulator sets, with dummy slots at the end, kept
+  // the waits' counts constant instead (session 31).
+  using P0 = std::integral_constant<int, 0>;
+  using P1 = std::integral_constant<int, 1>;
+  auto wait1 = [&] {
+    long long const t0 = clock64();
+    wgmma_wait<1>();
+    gwait += clock64() - t0;
+  };
+  issue(P0{}, 0);  // every block has a unit (the grid is at most the units)
+  int ql = 1;
+  for (; ql + 1 < nslots; ql += 2) {
+    issue(P1{}, ql);
+    wait1();
+    retire(P0{}, ql - 1);
+    issue(P0{}, ql + 1);
+    wait1();
+    retire(P1{}, ql);
+  }
+  if (ql < nslots) {  // one slot left (slot ql - 1, parity 0, in flight)
+    issue(P1{}, ql);
+    wait1();
+    retire(P0{}, ql - 1);
+    wgmma_wait<0>();
+    retire(P1{}, ql);
+  } else {
+    wgmma_wait<0>();
+    retire(P0{}, ql - 1);
+  }
+  if (threadIdx.x == 0) wgv_dbg(a.dbg, 9, (unsigned long long)gwait);
+  if (threadIdx.x == 0) wgv_dbg(a.dbg, 6, (unsigned long long)cwait), wgv_dbg(a.dbg, 8, global_ns());
+  trace_end(a.trace);
+}
+
+// ---- host side --------------------------------------------------------------------------------------------
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 const fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// Whether the wgmma matvec takes these matrices: FP8-block, a whole number of 128-column blocks, rows in place
+// (ld = cols), 16-byte aligned data.
+template <class P>
+inline bool matvec_wg_supported(MultiArgs const& a) {
+  if constexpr (!std::is_same_v<P, quant::Fp8Block>) {
+    return false;
+  } else {
+    if (a.count <= 0 || a.count > kMaxMultiMatrices) return false;
+    std::int64_t const cols = a.m[0].cols;
+    if (cols <= 0 || cols % 128 != 0 || cols > kWgvMaxCols) return false;
+    for (int i = 0; i < a.count; ++i)
+      if (a.m[i].cols != cols || a.m[i].ld != cols || a.m[i].rows <= 0 || a.m[i].rows > (1 << 30) || !a.m[i].scales ||
+          (reinterpret_cast<std::uintptr_t>(a.m[i].data) & 15) != 0)
+        return false;
+    return true;
+  }
+}
+
+// Units of R rows for the matrices of a: 64 or 32, whichever deals them to the SMs more evenly (64 on a tie: no rows
+// read twice by the tensor core). The busiest SM's rows against the mean.
+inline int matvec_wg_rows(MultiArgs const& a, int sms) {
+  auto spread = [&](std::int64_t R) {
+    std::int64_t units = 0, rows = 0;
+    for (int i = 0; i < a.count; ++i) units += (a.m[i].rows + R - 1) / R, rows += a.m[i].rows;
+    return double((units + sms - 1) / sms * R) * double(sms) / double(rows);
+  };
+  return spread(64) <= spread(32) * 1.01 ? 64 : 32;
+}
+
+// out_i = W_i · prologue(x) (+ residual_i) for the matrices of a (FP8-block): cudaErrorInvalidValue when the kernel does
+// not take them (matvec_wg_supported) or a tensor map is refused; the caller then runs launch_matvec_args.
+template <class P>
+cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream,
+                                  int rows_per_unit = 0, unsigned long long* dbg = nullptr) {
+  if (!matvec_wg_supported<P>(a)) return cudaErrorInvalidValue;
+  // the prologues it stages itself (wgv_stage_input), from 16-byte aligned vectors
+  auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
+  if (!aligned(x) || !(pro.kind == PrologueKind::kPlain || (pro.kind == PrologueKind::kRmsNorm && aligned(pro.norm_w))))
+    return cudaErrorInvalidValue;
+  PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
+  if (!encode) return cudaErrorInvalidValue;
+  int const sms = sm_count();
+  // A/B measurements: LING_WGV_R (32 or 64) forces the unit where the caller does not, LING_WGV_PREFILL sets the slots
+  // requested before the input (kWgvStages: all)
+  static int const env_r = [] { char const* e = std::getenv("LING_WGV_R"); return e ? std::atoi(e) : 0; }();
+  static int const env_pre = [] { char const* e = std::getenv("LING_WGV_PREFILL"); return e ? std::atoi(e) : -1; }();
+  if (rows_per_unit == 0) rows_per_unit = env_r;
+  int const R = rows_per_unit == 32 || rows_per_unit == 64 ? rows_per_unit : matvec_wg_rows(a, sms);
+  int const kbs = kWgvStageBytes / (R * 128);
+  WgvArgs w{};
+  w.count = a.count;
+  w.cols = int(a.m[0].cols);
+  w.nkb = w.cols / 128;
+  w.prefill = env_pre >= 0 && env_pre < kWgvStages ? env_pre : kWgvStages;
+  w.trace = a.trace;
+  w.dbg = dbg;
+  w.unit_begin[0] = 0;
+  for (int i = 0; i < a.count; ++i) {
+    MatrixArgs const& m = a.m[i];
+    cuuint64_t const gd[3] = {128, cuuint64_t(m.rows), cuuint64_t(w.nkb)};
+    cuuint64_t const gs[2] = {cuuint64_t(m.ld), 128};  // the k-block dimension inside the rows: strides that do not nest
+    cuuint32_t const bd[3] = {128, cuuint32_t(R), cuuint32_t(kbs)};
+    cuuint32_t const es[3] = {1, 1, 1};
+    if (encode(&w.map[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(m.data), gd, gs, bd, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return cudaErrorInvalidValue;
+    w.scales[i] = static_cast<float const*>(m.scales);
+    w.out[i] = a.out[i];
+    w.residual[i] = a.residual[i];
+    w.rows[i] = std::int32_t(m.rows);
+    w.unit_begin[i + 1] = w.unit_begin[i] + std::int32_t((m.rows + R - 1) / R);
+  }
+  std::size_t const smem = std::size_t(wgv_smem(w.cols).total) + 1024;  // + the 1024-byte alignment
+  int const units = w.unit_begin[a.count];
+  unsigned const blocks = unsigned(units < sms ? units : sms);
+  auto kernel = R == 64 ? matvec_wg_kernel<64> : matvec_wg_kernel<32>;
+  if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
+  return launch_ex(kernel, dim3(blocks), dim3(kWgvThreads), smem, stream, w, x, pro);
+}
+
+}  // namespace ling::cuda::kernels
+
+namespace ling::cuda {
+
+// Declared in linear.hpp.
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y, cudaStream_t stream,
+                                   InputPrologue const& pro, float const* residual, int rows_per_unit) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, residual, ok);
+  if (!ok) return cudaErrorInvalidValue;
+  return kernels::launch_matvec_wg_args<P>(a, x, pro, stream, rows_per_unit);
+}
+
+}  // namespace ling::cuda
