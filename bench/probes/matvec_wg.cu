@@ -101,7 +101,7 @@ int main() {
       int const blocks = int(std::min<std::int64_t>(132, layers[1].a.task_begin[layers[1].a.count]));
       unsigned long long t0 = ~0ull;
       for (int b = 0; b < blocks; ++b) t0 = std::min(t0, h[std::size_t(b) * k::kWgvDbg]);
-      char const* names[k::kWgvDbg] = {"entry", "prefill issued", "PDL wait passed", "input staged", "limbs staged",
+      char const* names[k::kWgvDbg] = {"entry", "producer started", "PDL wait passed", "input staged", "limbs staged",
                                          "first slot landed", "consumer waits (us)", "producer waits (us)", "end",
                                          "wgmma waits (us)"};
       for (int i = 0; i < k::kWgvDbg; ++i) {

@@ -36,7 +36,8 @@ inline constexpr int kWgvLimbs = 4;          // E4M3 limbs per input element (B'
 inline constexpr int kWgvThreads = 160;      // warps 0-3: the consumer warpgroup; warp 4: the producer
 inline constexpr int kWgvStageBytes = 16384;  // one tensor-map copy: R rows × (16384 / 128 R) k-blocks
 inline constexpr int kWgvStages = 8;          // ring slots
-inline constexpr int kWgvMaxCols = 6144;      // shared memory: ring 128 KB, B 6 KB per 768 columns
+inline constexpr int kWgvMaxCols = 6144;      // shared memory: the ring's 128 KB, B's 8 bytes per column (48 KB)
+inline constexpr int kWgvScaleUnits = 8;      // units whose weight scales a block stages in shared memory (the rest: L2)
 
 struct WgvArgs {
   CUtensorMap map[kMaxMultiMatrices];  // [128 bytes, rows, k-blocks], boxes of [128, R, kKbs], 128-byte swizzle
@@ -50,8 +51,8 @@ struct WgvArgs {
   unsigned long long* trace = nullptr;
   unsigned long long* dbg = nullptr;  // measurements (bench/probes/matvec_wg): kWgvDbg values per block, or null
 };
-// The measurement points of WgvArgs::dbg (global ns, but 6 and 7: SM cycles summed): 0 entry, 1 the prefill issued,
-// 2 the PDL wait passed, 3 the input staged, 4 the limbs staged, 5 the first slot landed, 6 the consumers' waits for
+// The measurement points of WgvArgs::dbg (global ns, but 6, 7 and 9: SM cycles summed): 0 entry, 1 the producer's
+// start, 2 the PDL wait passed, 3 the input staged, 4 the limbs staged, 5 the first slot landed, 6 the consumers' waits for
 // slots, 7 the producer's waits for free slots, 8 the consumers' end, 9 the consumers' waits for their wgmmas.
 inline constexpr int kWgvDbg = 10;
 __device__ __forceinline__ void wgv_dbg(unsigned long long* d, int i, unsigned long long v) {
@@ -90,7 +91,6 @@ __device__ __forceinline__ void wgmma_e4m3_ss_n8(float (&d)[4], std::uint64_t da
 
 // k-blocks rounded up to a whole ring slot (at most 4 k-blocks per slot): B's size.
 __host__ __device__ constexpr int wgv_kb_pad(int nkb) { return (nkb + 3) / 4 * 4; }
-inline constexpr int kWgvScaleUnits = 8;  // units whose weight scales a block stages in shared memory (the rest: L2)
 // The same, m64n16k32.
 __device__ __forceinline__ void wgmma_e4m3_ss_n16(float (&d)[8], std::uint64_t da, std::uint64_t db, int accumulate) {
   asm volatile(
