@@ -5,8 +5,8 @@
 // Built as the target matvec_wg (CUDA builds).
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
@@ -45,7 +45,8 @@ int main() {
   CK(cudaMemcpy(nw, hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice));
   cudaStream_t st;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  for (Shape const& sh : {Shape{"KDA projections", 2560, {4096, 4096, 4096, 4096, 4096, 32}}, Shape{"o_proj", 4096, {2560}}}) {
+  for (Shape const& sh :
+       {Shape{"KDA projections", 2560, {4096, 4096, 4096, 4096, 4096, 32}}, Shape{"o_proj", 4096, {2560}}}) {
     std::vector<Layer> layers(kLayers);
     double bytes = 0;
     for (Layer& l : layers) {
@@ -59,7 +60,10 @@ int main() {
       for (auto const& d : l.m) ptrs.push_back(&d);
       bool ok = false;
       l.a = k::multi_args<P>(ptrs.data(), int(ptrs.size()), y, nullptr, ok);
-      if (!ok) { std::printf("multi_args refused\n"); return 1; }
+      if (!ok) {
+        std::printf("multi_args refused\n");
+        return 1;
+      }
     }
     for (auto const& d : layers[0].m) bytes += double(d.bytes_per_matrix());
     ling::cuda::InputPrologue pro;
@@ -101,9 +105,10 @@ int main() {
       int const blocks = int(std::min<std::int64_t>(132, layers[1].a.task_begin[layers[1].a.count]));
       unsigned long long t0 = ~0ull;
       for (int b = 0; b < blocks; ++b) t0 = std::min(t0, h[std::size_t(b) * k::kWgvDbg]);
-      char const* names[k::kWgvDbg] = {"entry", "producer started", "PDL wait passed", "input staged", "limbs staged",
-                                         "first slot landed", "consumer waits (us)", "producer waits (us)", "end",
-                                         "wgmma waits (us)"};
+      char const* names[k::kWgvDbg] = {
+          "entry",        "producer started",  "PDL wait passed",     "input staged",
+          "limbs staged", "first slot landed", "consumer waits (us)", "producer waits (us)",
+          "end",          "wgmma waits (us)"};
       for (int i = 0; i < k::kWgvDbg; ++i) {
         std::vector<double> v;
         for (int b = 0; b < blocks; ++b) {

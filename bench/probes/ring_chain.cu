@@ -34,19 +34,13 @@ namespace {
 
 namespace k = ling::cuda::kernels;
 
-__device__ __forceinline__ unsigned long long probe_globaltimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-
 constexpr int kRowBytes = 2560;
 constexpr std::uint32_t kMagic = probe::kMagic;
 
 struct Region {
   char const* p;
   std::uint64_t rows;
-  int back;  // 0: addresses known before the launch; b > 0: from the output of the region b before (routed experts)
+  int back;      // 0: addresses known before the launch; b > 0: from the output of the region b before (routed experts)
   unsigned rot;  // interleaved parts: the block that takes the region's first chunk (the blocks take turns in the step)
 };
 
@@ -59,7 +53,7 @@ __device__ __forceinline__ void wait_flag(unsigned const* f, unsigned target) {
   for (unsigned n = 0; ld_acquire(f) < target; ++n)
     if (n > (1u << 26)) __trap();  // seconds: never in a correct launch
 }
-// kSpin: mbarrier.test_wait in a loop (the thread never sleeps) instead of try_wait (which may suspend the thread).
+// spin: mbarrier.test_wait in a loop (the thread never sleeps) instead of try_wait (which may suspend the thread).
 __device__ __forceinline__ void bar_wait(std::uint64_t* bar, unsigned parity, int spin) {
   if (!spin) return k::mbar_wait(bar, parity);
   std::uint32_t done = 0;
@@ -70,15 +64,12 @@ __device__ __forceinline__ void bar_wait(std::uint64_t* bar, unsigned parity, in
                  : "memory");
   } while (!done);
 }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 
-// A consumer warp's share of a landed slot of nb bytes, folded into acc, then the slot handed back (one arrival per warp
-// on `empty`). fold 2: into registers first, the slot freed before the math (at most 8 · 16 bytes per thread); 1: read
-// in place, freed after; 0: not read.
-__device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned nb, int threads, int fold, std::uint64_t* empty,
-                                             std::uint32_t& acc) {
+// A consumer warp's share of a landed slot of nb bytes, folded into acc, then the slot handed back (one arrival per
+// warp on `empty`). fold 2: into registers first, the slot freed before the math (at most 8 · 16 bytes per thread); 1:
+// read in place, freed after; 0: not read.
+__device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned nb, int threads, int fold,
+                                             std::uint64_t* empty, std::uint32_t& acc) {
   uint4 const* v = reinterpret_cast<uint4 const*>(slot);
   bool const lane0 = (threadIdx.x & 31) == 0;
   if (fold == 2) {
@@ -128,9 +119,8 @@ __device__ __forceinline__ unsigned chunk_bytes(Part const& p, std::uint64_t c, 
 // (cp.async.mbarrier.arrive.noinc).
 template <int kConsumers, bool kWait, int kCopy = 0>
 __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
-    ring_persist(Region const* gs, int n, unsigned* flags, int S, unsigned stage, int mode, int pieces, int fold, std::uint32_t* sink,
-                 int cons, int spin, int fence, int sig,
-                 unsigned long long* times) {
+    ring_persist(Region const* gs, int n, unsigned* flags, int S, unsigned stage, int mode, int pieces, int fold,
+                 std::uint32_t* sink, int cons, int spin, int fence, int sig, unsigned long long* times) {
   extern __shared__ __align__(128) unsigned char smem[];
   auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   std::uint64_t* empty = full + S;
@@ -149,7 +139,7 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
   }
   __syncthreads();
   unsigned const B = gridDim.x;
-  if (threadIdx.x == 0) times[2 * blockIdx.x] = probe_globaltimer();
+  if (threadIdx.x == 0) times[2 * blockIdx.x] = k::global_ns();
   if (sig && warp == kConsumers + 1) {  // the signaling warp: publishes each region's end once the consumers are done
     if (lane == 0)
       for (int i = 0; i < n; ++i) {
@@ -195,7 +185,8 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
       times[4 * gridDim.x + 2 * blockIdx.x + 1] = (unsigned long long)(clock64() - pstart);
     }
     if (cons == 1 && pw == 0)  // nobody else waits for the last copies: they land before the block ends
-      for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r) k::mbar_wait(full + r % unsigned(S), (r / unsigned(S)) & 1u);
+      for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r)
+        k::mbar_wait(full + r % unsigned(S), (r / unsigned(S)) & 1u);
     return;
   }
   // the consumers
@@ -206,7 +197,7 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
   for (int i = 0; i < n; ++i) {
     if (kWait && i > 0) {
       if (threadIdx.x == 0) wait_flag(flags + (i - 1), B);
-      named_sync(1, threads);
+      k::named_sync(1, threads);
       acc ^= __ldcg(sink + 1);  // the region's input (an L2 read after the flag, as the staging)
     }
     Part const pt = part_of(gs[i], mode, stage);
@@ -223,7 +214,7 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
       if (lane == 0) k::mbar_arrive(done);
       continue;
     }
-    named_sync(1, threads);  // every consumer warp is done with region i in this block
+    k::named_sync(1, threads);  // every consumer warp is done with region i in this block
     if (threadIdx.x == 0) {
       if (fence == 0) {  // the grid barrier's way (moe.cuh grid_barrier): fence.sc, then a relaxed add
         __threadfence();
@@ -236,14 +227,13 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
     }
   }
   if (acc == kMagic) sink[0] = acc;  // never at run time: keeps the loads
-  named_sync(1, threads);
+  k::named_sync(1, threads);
   if (threadIdx.x == 0) {
-    times[2 * blockIdx.x + 1] = probe_globaltimer();
+    times[2 * blockIdx.x + 1] = k::global_ns();
     times[2 * gridDim.x + 2 * blockIdx.x] = (unsigned long long)cwait;
     times[2 * gridDim.x + 2 * blockIdx.x + 1] = (unsigned long long)(clock64() - cstart);
   }
 }
-
 
 // One region as one PDL launch of a block per SM that fills at most half of the SM, so that the next region's launch
 // is resident beside it: its producer lane requests the region's first S chunks (S · stage bytes) before the PDL wait,
@@ -301,7 +291,8 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
 // each warp its own slots), waiting for a slot's previous copy before reusing it; nobody reads the slots. kMode 2:
 // the warps load 16 bytes per lane into registers instead (kU per lane in flight), the reference.
 template <int kMode, int kU = 4>
-__global__ void __launch_bounds__(512, 1) copy_only(char const* src, std::uint64_t total, unsigned chunk, int S, std::uint32_t* sink) {
+__global__ void __launch_bounds__(512, 1)
+    copy_only(char const* src, std::uint64_t total, unsigned chunk, int S, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), warps = int(blockDim.x >> 5);
   std::uint64_t const B = gridDim.x;
@@ -321,14 +312,16 @@ __global__ void __launch_bounds__(512, 1) copy_only(char const* src, std::uint64
       k::mbar_arrive_expect(bar + s, chunk);
       k::bulk_copy(smem + std::size_t(s) * chunk, src + c, chunk, bar + s);
     }
-    for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r) k::mbar_wait(bar + r % unsigned(S), (r / unsigned(S)) & 1u);
+    for (unsigned r = q > unsigned(S) ? q - unsigned(S) : 0; r < q; ++r)
+      k::mbar_wait(bar + r % unsigned(S), (r / unsigned(S)) & 1u);
     return;
   }
   if (kMode == 1) {  // warp w copies the chunks w, w + warps, ... of its block's chunks into its own S / warps slots
     int const per = S / warps > 0 ? S / warps : 1;
     unsigned char* mine = smem + std::size_t(warp) * per * chunk;
     unsigned q = 0;
-    for (std::uint64_t c = (blockIdx.x * std::uint64_t(warps) + unsigned(warp)) * chunk; c < total; c += B * warps * chunk, ++q) {
+    for (std::uint64_t c = (blockIdx.x * std::uint64_t(warps) + unsigned(warp)) * chunk; c < total;
+         c += B * warps * chunk, ++q) {
       unsigned char* dst = mine + std::size_t(q % unsigned(per)) * chunk;
       for (unsigned o = unsigned(lane) * 16u; o < chunk; o += 512u) k::cp_async16(dst + o, src + c + o);
       k::cp_async_commit();
@@ -342,7 +335,8 @@ __global__ void __launch_bounds__(512, 1) copy_only(char const* src, std::uint64
   for (std::uint64_t c = w * 512u * kU; c < total; c += W * 512u * kU) {
     uint4 v[kU];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) v[u] = probe::ldnc(reinterpret_cast<uint4 const*>(src + c + 512u * unsigned(u)) + lane);
+    for (int u = 0; u < kU; ++u)
+      v[u] = probe::ldnc(reinterpret_cast<uint4 const*>(src + c + 512u * unsigned(u)) + lane);
 #pragma unroll
     for (int u = 0; u < kU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
@@ -360,7 +354,7 @@ int main() {
     double mb;
     int back;
   };
-  Kind const parts[] = {{"proj", 52.5, 0}, {"kstep", 4.4, 0}, {"oproj", 10.5, 0},
+  Kind const parts[] = {{"proj", 52.5, 0},  {"kstep", 4.4, 0}, {"oproj", 10.5, 0},
                         {"router", 2.6, 0}, {"moeA", 20.7, 1}, {"moeB", 10.4, 2}};
   double layer_bytes = 0;
   for (Kind const& p : parts) layer_bytes += p.mb * 1e6;
@@ -387,7 +381,10 @@ int main() {
         rot = unsigned((rot + (rows * kRowBytes + stage - 1) / stage) % unsigned(sms));
         at += (rows + 1) * kRowBytes;  // + 1: a dependent region may read one row further
       }
-    if (at > pool_bytes) { std::printf("pool too small\n"); std::exit(1); }
+    if (at > pool_bytes) {
+      std::printf("pool too small\n");
+      std::exit(1);
+    }
     return gs;
   };
   std::vector<Region> gs = regions(24u << 10);
@@ -401,7 +398,8 @@ int main() {
               kLayers, layer_bytes / 1e6);
   for (Kind const& p : parts) std::printf(" %s %.1f%s", p.name, p.mb, p.back ? "D" : "");
   std::printf(" )\n%-80s %10s %8s %10s %10s\n", "variant", "us/layer", "GB/s", "med end", "last end");
-  std::printf("(last two columns: the share of time the consumers' thread 0 and the producer spent waiting, medians)\n");
+  std::printf(
+      "(last two columns: the share of time the consumers' thread 0 and the producer spent waiting, medians)\n");
   // the blocks' spread in the last replay: the median and the last block's end, µs after the first block's start
   double cw = 0, pw = 0;  // the consumers' (thread 0) and the producer's share of their time spent waiting, medians
   auto spread = [&](double& med, double& last) {
@@ -429,19 +427,28 @@ int main() {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     float const us = probe::time_graph(st, kLayers, [&] {
       CK(cudaMemsetAsync(flags, 0, sizeof(unsigned) * std::size_t(n), st));
-      kern<<<sms * per_sm, 32 * (kConsumers + 2), smem, st>>>(dgs, n, flags, S, stage, mode, pieces, fold, sink, cons, spin, fence, sig, times);
+      kern<<<sms * per_sm, 32 * (kConsumers + 2), smem, st>>>(dgs, n, flags, S, stage, mode, pieces, fold, sink, cons,
+                                                              spin, fence, sig, times);
       CK(cudaGetLastError());
     });
     double med, last;
     spread(med, last);
     char label[160];
-    std::snprintf(label, sizeof label, "%s, %d x %u KB, %s, %d pc%s%s%s%s%s%s%s", name, S, stage / 1024, mode ? "inter" : "slices",
-                  pieces, fold ? "" : ", no fold", per_sm > 1 ? ", 2 blocks/SM" : "",
-                  cons == 1 ? ", no consumer" : cons == 2 ? ", 1 consumer warp" : "",
-                  spin == 1 ? ", P spins" : spin == 2 ? ", C spin" : spin == 3 ? ", all spin" : "",
-                  fence == 1 ? ", release add" : fence == 2 ? ", relaxed add" : "", fold == 2 ? ", early free" : "",
-                  sig ? ", signal warp" : "");
-    std::printf("%-80s %10.2f %8.0f %10.1f %10.1f %6.2f %6.2f\n", label, us, layer_bytes / (us * 1e-6) / 1e9, med, last, cw, pw);
+    std::snprintf(label, sizeof label, "%s, %d x %u KB, %s, %d pc%s%s%s%s%s%s%s", name, S, stage / 1024,
+                  mode ? "inter" : "slices", pieces, fold ? "" : ", no fold", per_sm > 1 ? ", 2 blocks/SM" : "",
+                  cons == 1   ? ", no consumer"
+                  : cons == 2 ? ", 1 consumer warp"
+                              : "",
+                  spin == 1   ? ", P spins"
+                  : spin == 2 ? ", C spin"
+                  : spin == 3 ? ", all spin"
+                              : "",
+                  fence == 1   ? ", release add"
+                  : fence == 2 ? ", relaxed add"
+                               : "",
+                  fold == 2 ? ", early free" : "", sig ? ", signal warp" : "");
+    std::printf("%-80s %10.2f %8.0f %10.1f %10.1f %6.2f %6.2f\n", label, us, layer_bytes / (us * 1e-6) / 1e9, med, last,
+                cw, pw);
   };
   auto waits = ring_persist<kConsumers, true>;
   auto free_run = ring_persist<kConsumers, false>;
@@ -465,12 +472,12 @@ int main() {
     CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     float const us = probe::time_graph(st, kLayers, [&] {
       for (Region const& g : rg)
-        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))), smem, st, g,
-                                          S, stage, fold, sink));
+        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))),
+                                          smem, st, g, S, stage, fold, sink));
     });
     char label[160];
-    std::snprintf(label, sizeof label, "PDL chain, %d consumer warps, %d x %u KB, %d block%s/SM%s", consumers, S, stage / 1024,
-                  per_sm, per_sm > 1 ? "s" : "", fold == 2 ? ", early free" : "");
+    std::snprintf(label, sizeof label, "PDL chain, %d consumer warps, %d x %u KB, %d block%s/SM%s", consumers, S,
+                  stage / 1024, per_sm, per_sm > 1 ? "s" : "", fold == 2 ? ", early free" : "");
     std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
   };
   chain(4, 4, 24u << 10, 2, 1);

@@ -10,8 +10,8 @@
 // round robin, into S slots; nobody reads the slots.
 // Built as the target tma_box (CUDA builds).
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -28,8 +28,8 @@ namespace k = ling::cuda::kernels;
 // kDims 2: a stage is `kbs` boxes of 128 × R (one per k-block); 3: one box of 128 × R × kbs. Producer warps P: warp p
 // issues the stages q ≡ p (mod P), lane 0 only.
 template <int kDims>
-__global__ void __launch_bounds__(128, 1)
-    tma_stream(__grid_constant__ CUtensorMap const map, int rows, int nkb, int R, int kbs, int S, int P, std::uint32_t* sink) {
+__global__ void __launch_bounds__(128, 1) tma_stream(__grid_constant__ CUtensorMap const map, int rows, int nkb, int R,
+                                                     int kbs, int S, int P, std::uint32_t* sink) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
   unsigned const stage = unsigned(R) * 128u * unsigned(kbs);
@@ -53,7 +53,8 @@ __global__ void __launch_bounds__(128, 1)
       if (kDims == 3) {
         k::tma_load_3d(dst, &map, 0, u * R, kb, bar + s);
       } else {
-        for (int j = 0; j < kbs; ++j) k::tma_load_2d(dst + std::size_t(j) * R * 128, &map, (kb + j) * 128, u * R, bar + s);
+        for (int j = 0; j < kbs; ++j)
+          k::tma_load_2d(dst + std::size_t(j) * R * 128, &map, (kb + j) * 128, u * R, bar + s);
       }
       ++mine;
     }
@@ -86,11 +87,11 @@ __global__ void tma_check(__grid_constant__ CUtensorMap const map, unsigned char
 int main() {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult qr;
-  CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &qr));
-  if (!fn || qr != cudaDriverEntryPointSuccess) { std::printf("no cuTensorMapEncodeTiled\n"); return 1; }
-  auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  auto const encode = k::tensor_map_encoder();
+  if (!encode) {
+    std::printf("no cuTensorMapEncodeTiled\n");
+    return 1;
+  }
   constexpr int kCols = 2560, kNkb = kCols / 128;
   std::uint64_t const bytes = std::uint64_t(2) << 30;
   int const rows = int(bytes / kCols);
@@ -113,11 +114,7 @@ int main() {
       return encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, w, gd, gs, bd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     }
-    cuuint64_t const gd[3] = {128, cuuint64_t(rows), kNkb};
-    cuuint64_t const gs[2] = {kCols, 128};
-    cuuint32_t const bd[3] = {128, cuuint32_t(R), cuuint32_t(kbs)};
-    return encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, w, gd, gs, bd, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                  CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return k::encode_kblock_map(m, w, rows, kCols, kNkb, R, kbs);  // the matvec's map
   };
   // the 3D map: accepted? and does a box land as [kb][row][128 bytes, swizzled]?
   {
@@ -158,8 +155,8 @@ int main() {
       CK(cudaGetLastError());
     });
     char label[96];
-    std::snprintf(label, sizeof label, "%dD, R %d, %d kb/stage (%d KB), %d x, %d warp%s", dims, R, kbs, R * kbs / 8, S, P,
-                  P > 1 ? "s" : "");
+    std::snprintf(label, sizeof label, "%dD, R %d, %d kb/stage (%d KB), %d x, %d warp%s", dims, R, kbs, R * kbs / 8, S,
+                  P, P > 1 ? "s" : "");
     std::printf("%-44s %10.1f %8.0f\n", label, us, double(rows) * kCols / (us * 1e-6) / 1e9);
   };
   run(2, 32, 4, 12, 1);

@@ -113,6 +113,18 @@ struct MultiSet {
     }
     return r;
   }
+  // ‖out − (W x + res)‖ / ‖Σ|w x|‖: the error against the terms' magnitudes (check_multi says why); res may be empty.
+  double err_of_terms(std::vector<float> const& out, std::vector<float> const& x, std::vector<float> const& res = {}) const {
+    auto const r = ref(x), m = mag(x);
+    REQUIRE(out.size() == r.size());
+    double e = 0, n = 0;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      double const d = out[i] - (r[i] + (res.empty() ? 0.0 : double(res[i])));
+      e += d * d;
+      n += m[i] * m[i];
+    }
+    return std::sqrt(e / n);
+  }
   // Σ_j |w_rj x_j| per row r (the size of the terms each output sums, whatever their cancellation)
   std::vector<double> mag(std::vector<float> const& x) const {
     std::vector<double> r;
@@ -134,15 +146,7 @@ template <class P, class Launch>
 void check_multi(std::int64_t cols, std::vector<std::int64_t> const& rows, std::vector<float> const& x, Launch launch) {
   CAPTURE(cols);
   MultiSet<P> set(cols, rows);
-  auto const out = set.run(x, launch);
-  auto const ref = set.ref(x), mag = set.mag(x);
-  REQUIRE(out.size() == ref.size());
-  double e = 0, m = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    e += (out[i] - ref[i]) * (out[i] - ref[i]);
-    m += mag[i] * mag[i];
-  }
-  CHECK(std::sqrt(e / m) < 1e-5);  // NaN fails
+  CHECK(set.err_of_terms(set.run(x, launch), x) < 1e-5);  // NaN fails
 }
 
 TEST_CASE_TEMPLATE("multi-matvec: several matrices sharing x in one launch, outputs concatenated", P, quant::Fp8Block,
@@ -266,23 +270,9 @@ TEST_CASE_TEMPLATE("multi-matvec on f16 tensor cores (FP8, two-limb input) match
 // The FP8-block matvec on wgmma with tensor-map copies (matvec_wg.cuh): the KDA projections' six matrices, o_proj's
 // shape, tails of the 32- and 64-row units and of the 4-k-block ring slots (640 columns: 5 k-blocks), rows spanning
 // several 128-row scale blocks, both unit sizes forced, the RMSNorm prologue and a residual. Its error is the tensor
-// core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as check_multi does, with
-// a looser bound. A NaN input reaches every row; other policies and columns that are not whole 128-blocks are refused.
-namespace {
-double wg_err(MultiSet<quant::Fp8Block> const& set, std::vector<float> const& out, std::vector<float> const& x,
-              std::vector<float> const& res = {}) {
-  auto ref = set.ref(x);
-  auto const mag = set.mag(x);
-  REQUIRE(out.size() == ref.size());
-  double e = 0, m = 0;
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    double const r = ref[i] + (res.empty() ? 0.0 : double(res[i]));
-    e += (out[i] - r) * (out[i] - r);
-    m += mag[i] * mag[i];
-  }
-  return std::sqrt(e / m);
-}
-}  // namespace
+// core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as check_multi does
+// (MultiSet::err_of_terms), with a looser bound. A NaN input reaches every row; other policies and columns that are
+// not whole 128-blocks are refused.
 
 TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
   LING_REQUIRE_GPU();
@@ -302,7 +292,7 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
       auto const out = set.run(x, [R](auto ws, float const* xp, float* y) {
         return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R);
       });
-      double const err = wg_err(set, out, x);
+      double const err = set.err_of_terms(out, x);
       MESSAGE("wgmma matvec: cols " << sh.cols << ", R " << R << ": error " << err << " of sum |w x|");
       CHECK(err < (sh.cols == 128 ? 2e-4 : 1e-4));  // one k-block: no averaging over blocks. NaN fails
     }
@@ -328,14 +318,15 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
       return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, pro, dres.data());
     });
-    CHECK(wg_err(set, out, xn, res) < 1e-4);
+    CHECK(set.err_of_terms(out, xn, res) < 1e-4);
   }
   // a NaN input: every row NaN
   {
     MultiSet<P> set(2560, {100, 7});
     auto x = randn(2560);
     x[1000] = std::nanf("");
-    auto const y = set.run(x, [](auto ws, float const* xp, float* yp) { return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr); });
+    auto const y =
+        set.run(x, [](auto ws, float const* xp, float* yp) { return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr); });
     CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
   }
   // refused: columns that are not whole 128-blocks, and another policy

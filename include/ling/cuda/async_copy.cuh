@@ -58,6 +58,12 @@ __device__ __forceinline__ void warp_copy(void* dst, Span16 const& s) {
     cp_async16(static_cast<char*>(dst) + off, s.src + off);
 }
 
+// Named barrier `id` (1-15; 0 is __syncthreads') over the first `threads` threads that reach it (a multiple of 32):
+// a warpgroup's barrier while another warp of the block streams on.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- Hopper bulk copies (cp.async.bulk, sm_90) completing on an mbarrier ----------------------------------------
 // One instruction copies a whole contiguous span (16-byte aligned source and destination, a multiple of 16 bytes);
 // the barrier's phase completes when its expected bytes have landed. Used by one lane per copy: unlike cp.async, the

@@ -32,12 +32,12 @@
 
 namespace ling::cuda::kernels {
 
-inline constexpr int kWgvLimbs = 4;          // E4M3 limbs per input element (B's columns 0-3; 4-7 are zero)
-inline constexpr int kWgvThreads = 160;      // warps 0-3: the consumer warpgroup; warp 4: the producer
+inline constexpr int kWgvLimbs = 4;           // E4M3 limbs per input element (B's columns 0-3; 4-7 are zero)
+inline constexpr int kWgvThreads = 160;       // warps 0-3: the consumer warpgroup; warp 4: the producer
 inline constexpr int kWgvStageBytes = 16384;  // one tensor-map copy: R rows × (16384 / 128 R) k-blocks
 inline constexpr int kWgvStages = 8;          // ring slots
 inline constexpr int kWgvMaxCols = 6144;      // shared memory: the ring's 128 KB, B's 8 bytes per column (48 KB)
-inline constexpr int kWgvScaleUnits = 8;      // units whose weight scales a block stages in shared memory (the rest: L2)
+inline constexpr int kWgvScaleUnits = 8;  // units whose weight scales a block stages in shared memory (the rest: L2)
 
 struct WgvArgs {
   CUtensorMap map[kMaxMultiMatrices];  // [128 bytes, rows, k-blocks], boxes of [128, R, kKbs], 128-byte swizzle
@@ -52,8 +52,8 @@ struct WgvArgs {
   unsigned long long* dbg = nullptr;  // measurements (bench/probes/matvec_wg): kWgvDbg values per block, or null
 };
 // The measurement points of WgvArgs::dbg (global ns, but 6, 7 and 9: SM cycles summed): 0 entry, 1 the producer's
-// start, 2 the PDL wait passed, 3 the input staged, 4 the limbs staged, 5 the first slot landed, 6 the consumers' waits for
-// slots, 7 the producer's waits for free slots, 8 the consumers' end, 9 the consumers' waits for their wgmmas.
+// start, 2 the PDL wait passed, 3 the input staged, 4 the limbs staged, 5 the first slot landed, 6 the consumers' waits
+// for slots, 7 the producer's waits for free slots, 8 the consumers' end, 9 the consumers' waits for their wgmmas.
 inline constexpr int kWgvDbg = 10;
 __device__ __forceinline__ void wgv_dbg(unsigned long long* d, int i, unsigned long long v) {
   if (d) d[blockIdx.x * kWgvDbg + i] = v;
@@ -62,43 +62,21 @@ __device__ __forceinline__ void wgv_dbg(unsigned long long* d, int i, unsigned l
 // A tensor-map copy of the box at coordinates (c0, c1, c2) into dst, completing on bar.
 __device__ __forceinline__ void tma_load_2d(void* dst, CUtensorMap const* map, int c0, int c1, std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          smem_u32(dst)),
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::
+          "r"(smem_u32(dst)),
       "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
       : "memory");
 }
-__device__ __forceinline__ void tma_load_3d(void* dst, CUtensorMap const* map, int c0, int c1, int c2, std::uint64_t* bar) {
+__device__ __forceinline__ void tma_load_3d(void* dst, CUtensorMap const* map, int c0, int c1, int c2,
+                                            std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(
-          smem_u32(dst)),
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];" ::"r"(smem_u32(dst)),
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
       : "memory");
 }
-// A's descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, the layout the tensor map lands), at p (a k-step
-// inside the atom: p advanced by 32 bytes per k-step of 32 E4M3).
-__device__ __forceinline__ std::uint64_t wgmma_desc_sw128(void const* p) {
-  return std::uint64_t((smem_u32(p) & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(1024 >> 4) << 32) |
-         (std::uint64_t(1) << 62);
-}
-// D (+)= A · B, one k-step of 32, both from shared memory (m64n8k32). `accumulate`: a run-time value (wgmma.cuh).
-__device__ __forceinline__ void wgmma_e4m3_ss_n8(float (&d)[4], std::uint64_t da, std::uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
-
 // k-blocks rounded up to a whole ring slot (at most 4 k-blocks per slot): B's size.
 __host__ __device__ constexpr int wgv_kb_pad(int nkb) { return (nkb + 3) / 4 * 4; }
-// The same, m64n16k32.
-__device__ __forceinline__ void wgmma_e4m3_ss_n16(float (&d)[8], std::uint64_t da, std::uint64_t db, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-      : "l"(da), "l"(db), "r"(accumulate));
-}
 // B's layout, R = 32 (kPair): a wgmma's 64 rows of A are a unit's 32 rows of two k-blocks (kb, kb + 1: the tiles lie
 // one after the other), so B is m64n16: columns 0-3 the limbs of k-block kb, 8-11 those of kb + 1, at the same k-step;
 // rows 0-31 of D use columns 0-3, rows 32-63 columns 8-11. R = 64: n8, columns 0-3. The byte of limb l, element k of
@@ -120,8 +98,8 @@ __host__ __device__ constexpr WgvSmem wgv_smem(int cols) {
   s.xsc = s.b + 8 * 128 * wgv_kb_pad(nkb);
   s.wsc = s.xsc + 4 * nkb;
   s.red = s.wsc + 4 * kWgvScaleUnits * nkb;
-  s.red2 = s.red + 16;  // [2][32] floats: R = 32's row sums of warps 2-3, by unit parity
-  s.bars = (s.red2 + 256 + 15) / 16 * 16;  // mbarriers: 8-byte aligned
+  s.red2 = s.red + 16;                      // [2][32] floats: R = 32's row sums of warps 2-3, by unit parity
+  s.bars = (s.red2 + 256 + 15) / 16 * 16;   // mbarriers: 8-byte aligned
   s.total = s.bars + 16 * kWgvStages + 16;  // + the scales' and the input's barriers
   return s;
 }
@@ -151,8 +129,8 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
                                                 InputPrologue const& p, int cols, WgvInput<kJ>& in) {
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nkb = cols / 128;
   bool const norm = p.kind == PrologueKind::kRmsNorm;
-  float4 (&v)[kJ] = in.v;
-  float4 const (&w)[kJ] = in.w;
+  float4(&v)[kJ] = in.v;
+  float4 const(&w)[kJ] = in.w;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {  // every load first: one round trip
     int const kb = warp + 4 * j, c = 128 * kb + 4 * lane;
@@ -162,10 +140,11 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
   if (norm) {
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < kJ; ++j) ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+    for (int j = 0; j < kJ; ++j)
+      ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
     ss = warp_sum(ss);
     if (lane == 0) red[warp] = ss;
-    asm volatile("bar.sync 1, 128;" ::: "memory");
+    named_sync(1, 128);
     inv = rsqrtf((red[0] + red[1] + red[2] + red[3]) / float(cols) + p.eps);
   }
 #pragma unroll
@@ -201,11 +180,12 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
 }
 
 template <int R>
-__global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_constant__ WgvArgs const a, float const* x, InputPrologue pro) {
+__global__ void __launch_bounds__(kWgvThreads, 1)
+    matvec_wg_kernel(__grid_constant__ WgvArgs const a, float const* x, InputPrologue pro) {
   constexpr int kKbs = kWgvStageBytes / (R * 128);  // k-blocks per ring slot
-  constexpr bool kPair = R == 32;                     // wgmma m64n16 over two k-blocks (wgv_b_offset)
-  constexpr int kMma = kPair ? kKbs / 2 : kKbs;       // wgmma chains per slot
-  constexpr int kAcc = kPair ? 8 : 4;                 // accumulators per chain and thread
+  constexpr bool kPair = R == 32;                   // wgmma m64n16 over two k-blocks (wgv_b_offset)
+  constexpr int kMma = kPair ? kKbs / 2 : kKbs;     // wgmma chains per slot
+  constexpr int kAcc = kPair ? 8 : 4;               // accumulators per chain and thread
   extern __shared__ __align__(1024) unsigned char wgv_raw[];
   pdl_trigger();
   trace_mark(a.trace, 0);
@@ -220,15 +200,17 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
   float* const red2 = reinterpret_cast<float*>(base + L.red2);
   auto* const full = reinterpret_cast<std::uint64_t*>(base + L.bars);
   std::uint64_t* const empty = full + kWgvStages;
+  std::uint64_t *const sbar = empty + kWgvStages, *const xbar = sbar + 1;
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), nkb = a.nkb;
+  bool const dbg = a.dbg != nullptr;  // the measurement points' timers (probe only)
   int const units = a.unit_begin[a.count], spu = (nkb + kKbs - 1) / kKbs;  // ring slots per unit
   if (threadIdx.x == 0) {
     for (int s = 0; s < kWgvStages; ++s) {
       mbar_init(full + s, 1);
       mbar_init(empty + s, 4);  // the consumer warps
     }
-    mbar_init(empty + kWgvStages, 1);      // the first units' weight scales staged (warp 4's lane 1)
-    mbar_init(empty + kWgvStages + 1, 1);  // the consumers' input loaded (thread 0)
+    mbar_init(sbar, 1);  // the first units' weight scales staged (warp 4's lane 1)
+    mbar_init(xbar, 1);  // the consumers' input loaded (thread 0)
     mbar_init_fence();
   }
   __syncthreads();
@@ -244,9 +226,9 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
   auto produce = [&]() {
     unsigned const s = pq % unsigned(kWgvStages), use = pq / unsigned(kWgvStages);
     if (use > 0) {
-      long long const t0 = clock64();
+      long long const t0 = dbg ? clock64() : 0;
       mbar_wait(empty + s, (use - 1) & 1u);
-      pwait += clock64() - t0;
+      if (dbg) pwait += clock64() - t0;
     }
     int m, r0;
     unit_of(pu, m, r0);
@@ -256,14 +238,13 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
     if (++pj == spu) pj = 0, pu += int(gridDim.x);
   };
   int const mine = (units - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x);  // this block's units
-  std::uint64_t* const sbar = empty + kWgvStages;
   if (warp == 4) {  // the producer: weights only, so no PDL wait; it joins no barrier of the consumers'
     if (lane == 0) {
       wgv_dbg(a.dbg, 1, global_ns());
-      // the first slots at once; the rest once the consumers have loaded their input, whose loads would otherwise
-      // queue behind this SM's copies (session 31: the staging took 2.5-6 µs behind 8 slots in flight)
+      // a.prefill slots at once, the rest once the consumers have loaded their input (all at once by default; fewer
+      // did not shorten the staging, session 31)
       for (int i = 0; i < a.prefill && pu < units; ++i) produce();
-      if (a.prefill < kWgvStages) mbar_wait(empty + kWgvStages + 1, 0u);
+      if (a.prefill < kWgvStages) mbar_wait(xbar, 0u);
       while (pu < units) produce();
       wgv_dbg(a.dbg, 7, (unsigned long long)pwait);
     } else {  // lanes 1-31: the first units' weight scales into shared memory, while lane 0 streams
@@ -279,26 +260,27 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
     return;
   }
   // the consumers, before the PDL wait: B zeroed (the limbs fill their columns after the wait), the norm's weights
-  for (int i = int(threadIdx.x); i < wgv_kb_pad(nkb) * 1024 / 16; i += 128) reinterpret_cast<uint4*>(B)[i] = make_uint4(0u, 0u, 0u, 0u);
+  for (int i = int(threadIdx.x); i < wgv_kb_pad(nkb) * 1024 / 16; i += 128)
+    reinterpret_cast<uint4*>(B)[i] = make_uint4(0u, 0u, 0u, 0u);
   WgvInput<kWgvMaxCols / 512> in;
   wgv_load_norm(in, pro, a.cols);
-  asm volatile("bar.sync 1, 128;" ::: "memory");  // the zeros before any thread's limbs
+  named_sync(1, 128);  // the zeros before any thread's limbs
   pdl_wait();
   trace_mark(a.trace, 1);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 2, global_ns());
   wgv_stage_input<kPair>(B, xsc, red, x, pro, a.cols, in);
   if (threadIdx.x == 0) {
-    mbar_arrive(empty + kWgvStages + 1);  // the input is in: the producer requests the rest
+    mbar_arrive(xbar);  // the input is in: the producer requests the rest
     wgv_dbg(a.dbg, 3, global_ns());
   }
   fence_proxy_async_smem();  // B's generic writes before the wgmmas read it (the async proxy)
-  asm volatile("bar.sync 1, 128;" ::: "memory");
+  named_sync(1, 128);
   mbar_wait(sbar, 0);  // the weight scales
   trace_mark(a.trace, 2);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 4, global_ns());
   // the consumer warpgroup: per slot, the wgmmas of all its k-blocks (chains interleaved), then the slot before it
   // awaited and added up (the loop below)
-  constexpr int kWgvDepth = 2;  // slots whose wgmmas are in flight
+  constexpr int kWgvDepth = 2;      // slots whose wgmmas are in flight
   int const one = nkb > 0 ? 1 : 0;  // a run-time 1 (wgmma's accumulate flag must not be a constant)
   int const t = lane & 3, g = lane >> 2;
   float const c0 = t == 0 ? 1.f : t == 1 ? 1.f / 256.f : 0.f;  // the limbs' weights, columns 2 t and 2 t + 1
@@ -323,13 +305,14 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
     }
     unsigned const s = unsigned(ql) % unsigned(kWgvStages), use = unsigned(ql) / unsigned(kWgvStages);
     unsigned char const* const st = ring + std::size_t(s) * kWgvStageBytes;
-    long long const t0 = clock64();
+    long long const t0 = dbg ? clock64() : 0;
     mbar_wait(full + s, use & 1u);
-    cwait += clock64() - t0;
+    if (dbg) cwait += clock64() - t0;
     if (ql == 0 && threadIdx.x == 0) wgv_dbg(a.dbg, 5, global_ns());
     // the descriptors: the slot's and the k-blocks' bases once, then constant offsets (16-byte units of the address
     // field, which no offset here carries out of)
-    std::uint64_t const da0 = wgmma_desc_sw128(st), db1 = db0 + std::uint64_t(wgv_b_offset<kPair>(j * kKbs, 0, 0, 0) >> 4);
+    std::uint64_t const da0 = wgmma_desc_sw128(st),
+                        db1 = db0 + std::uint64_t(wgv_b_offset<kPair>(j * kKbs, 0, 0, 0) >> 4);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -337,8 +320,10 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
       for (int i = 0; i < kMma; ++i) {  // chain i: k-block (kPair ? 2 : 1) i of the slot
         std::uint64_t const da = da0 + std::uint64_t(((kPair ? 2 : 1) * i * R * 128 + kk * 32) >> 4);
         std::uint64_t const db = db1 + std::uint64_t(wgv_b_offset<kPair>((kPair ? 2 : 1) * i, kk, 0, 0) >> 4);
-        if constexpr (kPair) wgmma_e4m3_ss_n16(acc[p][i], da, db, kk > 0 ? one : one - 1);
-        else wgmma_e4m3_ss_n8(acc[p][i], da, db, kk > 0 ? one : one - 1);
+        if constexpr (kPair)
+          wgmma_e4m3_ss_n16(acc[p][i], da, db, kk > 0 ? one : one - 1);
+        else
+          wgmma_e4m3_ss_n8(acc[p][i], da, db, kk > 0 ? one : one - 1);
       }
     wgmma_commit();
   };
@@ -358,14 +343,14 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(empty + unsigned(ql) % unsigned(kWgvStages));  // the producer may refill the slot
-    if (ql % spu == spu - 1) {  // the unit's last slot: its rows
+    if (ql % spu == spu - 1) {                                                // the unit's last slot: its rows
       int m, r0;
       unit_of(int(blockIdx.x) + ql / spu * int(gridDim.x), m, r0);
       float s0 = tot0 + __shfl_xor_sync(0xffffffffu, tot0, 1), s1 = tot1 + __shfl_xor_sync(0xffffffffu, tot1, 1);
       if constexpr (kPair) {  // warps 2-3's sums (the odd k-blocks) to warps 0-1, through shared memory
         float* const r2 = red2 + 32 * ((ql / spu) & 1);
         if (hi && t == 0) r2[16 * (warp - 2) + g] = s0, r2[16 * (warp - 2) + g + 8] = s1;
-        asm volatile("bar.sync 1, 128;" ::: "memory");
+        named_sync(1, 128);
         if (!hi) s0 += r2[16 * warp + g], s1 += r2[16 * warp + g + 8];
       }
       if (t == 0 && warp < (kPair ? 2 : R / 16)) {
@@ -382,9 +367,9 @@ __global__ void __launch_bounds__(kWgvThreads, 1) matvec_wg_kernel(__grid_consta
   using P0 = std::integral_constant<int, 0>;
   using P1 = std::integral_constant<int, 1>;
   auto wait1 = [&] {
-    long long const t0 = clock64();
+    long long const t0 = dbg ? clock64() : 0;
     wgmma_wait<1>();
-    gwait += clock64() - t0;
+    if (dbg) gwait += clock64() - t0;
   };
   issue(P0{}, 0);  // every block has a unit (the grid is at most the units)
   int ql = 1;
@@ -424,6 +409,23 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
+// A tensor map over a byte matrix (FP8) of `rows` rows `ld` bytes apart, 3D: [128 bytes of a k-block, rows, nkb
+// k-blocks], the k-block dimension with stride 128 inside the row stride (strides that do not nest: the driver accepts
+// them, bench/probes/tma_box checks the bytes that land). Boxes of [128, R rows, kbs k-blocks] land as
+// [k-block][row][128 bytes] with the 128-byte swizzle (wgmma_desc_sw128); rows and k-blocks past the matrix as zeros.
+inline CUresult encode_kblock_map(CUtensorMap& map, void const* data, std::int64_t rows, std::int64_t ld, int nkb,
+                                  int R, int kbs) {
+  PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
+  if (!encode) return CUDA_ERROR_NOT_SUPPORTED;
+  cuuint64_t const gd[3] = {128, cuuint64_t(rows), cuuint64_t(nkb)};
+  cuuint64_t const gs[2] = {cuuint64_t(ld), 128};
+  cuuint32_t const bd[3] = {128, cuuint32_t(R), cuuint32_t(kbs)};
+  cuuint32_t const es[3] = {1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(data), gd, gs, bd, es,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
 // Whether the wgmma matvec takes these matrices: FP8-block, a whole number of 128-column blocks, rows in place
 // (ld = cols), 16-byte aligned data.
 template <class P>
@@ -453,8 +455,8 @@ inline int matvec_wg_rows(MultiArgs const& a, int sms) {
   return spread(64) <= spread(32) * 1.01 ? 64 : 32;
 }
 
-// out_i = W_i · prologue(x) (+ residual_i) for the matrices of a (FP8-block): cudaErrorInvalidValue when the kernel does
-// not take them (matvec_wg_supported) or a tensor map is refused; the caller then runs launch_matvec_args.
+// out_i = W_i · prologue(x) (+ residual_i) for the matrices of a (FP8-block): cudaErrorInvalidValue when the kernel
+// does not take them (matvec_wg_supported) or a tensor map is refused; the caller then runs launch_matvec_args.
 template <class P>
 cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream,
                                   int rows_per_unit = 0, unsigned long long* dbg = nullptr) {
@@ -463,13 +465,18 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
   if (!aligned(x) || !(pro.kind == PrologueKind::kPlain || (pro.kind == PrologueKind::kRmsNorm && aligned(pro.norm_w))))
     return cudaErrorInvalidValue;
-  PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
-  if (!encode) return cudaErrorInvalidValue;
+  if (!tensor_map_encoder()) return cudaErrorInvalidValue;
   int const sms = sm_count();
   // A/B measurements: LING_WGV_R (32 or 64) forces the unit where the caller does not, LING_WGV_PREFILL sets the slots
   // requested before the input (kWgvStages: all)
-  static int const env_r = [] { char const* e = std::getenv("LING_WGV_R"); return e ? std::atoi(e) : 0; }();
-  static int const env_pre = [] { char const* e = std::getenv("LING_WGV_PREFILL"); return e ? std::atoi(e) : -1; }();
+  static int const env_r = [] {
+    char const* e = std::getenv("LING_WGV_R");
+    return e ? std::atoi(e) : 0;
+  }();
+  static int const env_pre = [] {
+    char const* e = std::getenv("LING_WGV_PREFILL");
+    return e ? std::atoi(e) : -1;
+  }();
   if (rows_per_unit == 0) rows_per_unit = env_r;
   int const R = rows_per_unit == 32 || rows_per_unit == 64 ? rows_per_unit : matvec_wg_rows(a, sms);
   int const kbs = kWgvStageBytes / (R * 128);
@@ -483,14 +490,7 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   w.unit_begin[0] = 0;
   for (int i = 0; i < a.count; ++i) {
     MatrixArgs const& m = a.m[i];
-    cuuint64_t const gd[3] = {128, cuuint64_t(m.rows), cuuint64_t(w.nkb)};
-    cuuint64_t const gs[2] = {cuuint64_t(m.ld), 128};  // the k-block dimension inside the rows: strides that do not nest
-    cuuint32_t const bd[3] = {128, cuuint32_t(R), cuuint32_t(kbs)};
-    cuuint32_t const es[3] = {1, 1, 1};
-    if (encode(&w.map[i], CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<void*>(m.data), gd, gs, bd, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-      return cudaErrorInvalidValue;
+    if (encode_kblock_map(w.map[i], m.data, m.rows, m.ld, w.nkb, R, kbs) != CUDA_SUCCESS) return cudaErrorInvalidValue;
     w.scales[i] = static_cast<float const*>(m.scales);
     w.out[i] = a.out[i];
     w.residual[i] = a.residual[i];
@@ -511,8 +511,9 @@ namespace ling::cuda {
 
 // Declared in linear.hpp.
 template <quant::weight_policy P>
-cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y, cudaStream_t stream,
-                                   InputPrologue const& pro, float const* residual, int rows_per_unit) {
+cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                   cudaStream_t stream, InputPrologue const& pro, float const* residual,
+                                   int rows_per_unit) {
   bool ok = false;
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, residual, ok);
   if (!ok) return cudaErrorInvalidValue;

@@ -1,7 +1,8 @@
 #pragma once
-// Hopper warpgroup MMA (wgmma, sm_90a) on FP8 E4M3, with A from registers: the primitives of the MXFP4 decode on tensor
+// Hopper warpgroup MMA (wgmma, sm_90a) on FP8 E4M3: with A from registers, the primitives of the MXFP4 decode on tensor
 // cores (MoE launch A's LING_MOE_DIAG_A=9 instance; bench/probes/wgmma_decode; docs/kernels.md "Launch A's routed
-// decode on FP8 wgmma"). nvcc only, sm_90a.
+// decode on FP8 wgmma"); with both operands in shared memory, those of the FP8 matvec (matvec_wg.cuh). nvcc only,
+// sm_90a.
 //
 // An E2M1 code becomes an E4M3 byte by placing its bits (sign to bit 7, exponent and mantissa to bits 4-2), with no
 // lookup: the E4M3 value is the E2M1 value · 2^-6, subnormals included. A warp's 8 weight rows are its wgmma rows g
@@ -56,6 +57,28 @@ __device__ __forceinline__ void wgmma_e4m3_rs(float (&d)[N / 2], std::uint32_t c
 // apart (stride). B's k-step of N columns then takes N · 32 bytes.
 __device__ __forceinline__ std::uint64_t wgmma_desc_kmajor(void const* p) {
   return std::uint64_t((smem_u32(p) & 0x3FFFFu) >> 4) | (std::uint64_t(128 >> 4) << 16) | (std::uint64_t(256 >> 4) << 32);
+}
+// A's descriptor: K-major, 128-byte swizzle (8-row atoms of 1024 bytes, the layout the tensor map lands), at p (a k-step
+// inside the atom: p advanced by 32 bytes per k-step of 32 E4M3).
+__device__ __forceinline__ std::uint64_t wgmma_desc_sw128(void const* p) {
+  return std::uint64_t((smem_u32(p) & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) | (std::uint64_t(1024 >> 4) << 32) |
+         (std::uint64_t(1) << 62);
+}
+// D (+)= A · B, one k-step of 32, both from shared memory (m64n8k32). `accumulate`: a run-time value (above).
+__device__ __forceinline__ void wgmma_e4m3_ss_n8(float (&d)[4], std::uint64_t da, std::uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// The same, m64n16k32.
+__device__ __forceinline__ void wgmma_e4m3_ss_n16(float (&d)[8], std::uint64_t da, std::uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(da), "l"(db), "r"(accumulate));
 }
 // Byte of B (N columns per k-step, the layout of wgmma_desc_kmajor) holding column n, row k of k-step s.
 __host__ __device__ constexpr int wgmma_b_offset(int N, int s, int n, int k) {
