@@ -107,8 +107,8 @@ int main() {
       for (int b = 0; b < blocks; ++b) t0 = std::min(t0, h[std::size_t(b) * k::kWgvDbg]);
       char const* names[k::kWgvDbg] = {
           "entry",        "producer started",  "PDL wait passed",     "input staged",
-          "limbs staged", "first slot landed", "consumer waits (us)", "producer waits (us)",
-          "end",          "wgmma waits (us)"};
+          "input load back", "first slot landed", "consumer waits (us)", "producer waits (us)",
+          "end",          "wgmma waits (us)",  "proxy fence passed", "staging barrier"};
       for (int i = 0; i < k::kWgvDbg; ++i) {
         std::vector<double> v;
         for (int b = 0; b < blocks; ++b) {

@@ -64,6 +64,11 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives on named barrier `id` without waiting (bar.arrive): a warp that only produces for the barrier's waiters.
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- Hopper bulk copies (cp.async.bulk, sm_90) completing on an mbarrier ----------------------------------------
 // One instruction copies a whole contiguous span (16-byte aligned source and destination, a multiple of 16 bytes);
 // the barrier's phase completes when its expected bytes have landed. Used by one lane per copy: unlike cp.async, the

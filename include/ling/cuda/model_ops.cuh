@@ -247,13 +247,14 @@ inline bool matvec_mma_enabled() {
   return on;
 }
 
-// LING_MATVEC_KERNEL=wg: FP8-block matvecs (cols a multiple of 128) on the wgmma kernel with tensor-map copies
-// (matvec_wg.cuh); =wgproj: only the launches of 16384 rows or more (the KDA projections). A/B measurements.
+// LING_MATVEC_KERNEL=wg: FP8-block matvecs (cols a multiple of 512) on the wgmma kernel with tensor-map copies
+// (matvec_wg.cuh); =wgproj: only the launches of 16384 rows or more (the KDA projections); =wgbig: the launches of
+// 8 MB or more (also o_proj). A/B measurements.
 inline int matvec_wg_mode() {
   static int const mode = [] {
     char const* e = std::getenv("LING_MATVEC_KERNEL");
     std::string const v = e ? e : "";
-    return v == "wg" ? 1 : v == "wgproj" ? 2 : 0;
+    return v == "wg" ? 1 : v == "wgproj" ? 2 : v == "wgbig" ? 3 : 0;
   }();
   return mode;
 }
@@ -305,7 +306,9 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         return;
       }
       if constexpr (std::is_same_v<P, quant::Fp8Block>) {
-        if (int const wg = matvec_wg_mode(); wg == 1 || (wg == 2 && a.row_begin[a.count] >= 16384)) {
+        std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
+        if (int const wg = matvec_wg_mode();
+            wg == 1 || (wg == 2 && a.row_begin[a.count] >= 16384) || (wg == 3 && launch_bytes >= (8 << 20))) {
           cudaError_t const e = kernels::launch_matvec_wg_args<P>(a, x, pa, st);
           if (e != cudaErrorInvalidValue) {  // invalid value: not taken (matvec_wg_supported)
             check(e, "matvec (wgmma)");
