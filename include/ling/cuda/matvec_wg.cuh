@@ -519,8 +519,8 @@ inline unsigned* wgv_counter() {
 
 // Whether the wgmma matvec takes these matrices: FP8-block, a multiple of 512 columns (4 k-blocks: a unit's row of
 // scales is whole 16-byte units and never runs past the scales; at 128 columns, with maps over 1 and 3 floats and boxes
-// of 4, the scales' copy stopped the kernel with an illegal instruction, session 32), rows in place (ld = cols), 16-byte
-// aligned data and scales.
+// of 4, the scales' copy stopped the kernel with an illegal instruction, session 32), rows in place (ld = cols),
+// 16-byte aligned data and scales.
 template <class P>
 inline bool matvec_wg_supported(MultiArgs const& a) {
   if constexpr (!std::is_same_v<P, quant::Fp8Block>) {
@@ -562,26 +562,12 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   if (!tensor_map_encoder()) return cudaErrorInvalidValue;
   int const sms = sm_count();
   // A/B measurements: LING_WGV_R (32 or 64) forces the unit where the caller does not, LING_WGV_PREFILL sets the slots
-  // requested before the input (default: all), LING_WGV_STAGES the ring's slots (default: as many as fit)
-  static int const env_r = [] {
-    char const* e = std::getenv("LING_WGV_R");
-    return e ? std::atoi(e) : 0;
-  }();
-  static int const env_pre = [] {
-    char const* e = std::getenv("LING_WGV_PREFILL");
-    return e ? std::atoi(e) : -1;
-  }();
-  static int const env_stages = [] {
-    char const* e = std::getenv("LING_WGV_STAGES");
-    return e ? std::atoi(e) : 0;
-  }();
-  static int const optin = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      v = 0;
-    return v;
-  }();
+  // requested before the input (default: all), LING_WGV_STAGES the ring's slots (default: as many as fit),
+  // LING_WGV_MID the trace's midpoint and LING_WGV_XBAR_LATE the release of the rest after the staging (WgvArgs)
+  static int const env_r = env_int("LING_WGV_R", 0), env_pre = env_int("LING_WGV_PREFILL", -1),
+                   env_stages = env_int("LING_WGV_STAGES", 0), env_mid = env_int("LING_WGV_MID", 0),
+                   env_late = env_int("LING_WGV_XBAR_LATE", 0);
+  static int const optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (rows_per_unit == 0) rows_per_unit = env_r;
   int const R = rows_per_unit == 32 || rows_per_unit == 64 ? rows_per_unit : matvec_wg_rows(a, sms);
   int const kbs = kWgvStageBytes / (R * 128);
@@ -596,15 +582,7 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   w.prefill = env_pre >= 0 && env_pre < w.stages ? env_pre : w.stages;
   w.trace = a.trace;
   w.dbg = dbg;
-  static int const env_mid = [] {
-    char const* e = std::getenv("LING_WGV_MID");
-    return e ? std::atoi(e) : 0;
-  }();
   w.mid = env_mid;
-  static int const env_late = [] {
-    char const* e = std::getenv("LING_WGV_XBAR_LATE");
-    return e ? std::atoi(e) : 0;
-  }();
   w.xbar_late = env_late;
   w.ctr = wgv_counter();
   if (!w.ctr) return cudaErrorInvalidValue;

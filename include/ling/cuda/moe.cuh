@@ -1729,22 +1729,11 @@ inline int moe_pace_a() {
 }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
-  static int const v = [] {
-    int dev = 0, b = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess)
-      b = 0;
-    return b;
-  }();
+  static int const v = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   return v;
 }
 inline int smem_optin_bytes() {
-  static int const v = [] {
-    int dev = 0, b = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      b = 0;
-    return b;
-  }();
+  static int const v = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return v;
 }
 inline bool aligned16(void const* p, std::int64_t a = 0, std::int64_t b = 0) {

@@ -37,6 +37,18 @@ inline int env_level(char const* name, int hi) {
   return e && *e >= '1' && *e - '0' <= hi ? *e - '0' : 0;
 }
 
+// A number set in the environment (its value by std::atoi), or `fallback` when `name` is unset.
+inline int env_int(char const* name, int fallback) {
+  char const* e = std::getenv(name);
+  return e ? std::atoi(e) : fallback;
+}
+// An attribute of the current device, or 0 when it cannot be read.
+inline int current_device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, attr, dev) != cudaSuccess) v = 0;
+  return v;
+}
+
 inline bool device_available() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
