@@ -12,6 +12,7 @@
 #include "ling/cuda/runtime.hpp"
 #include "ling/cuda/session.hpp"
 #include "ling/runtime/session.hpp"
+#include "model_harness.hpp"
 
 namespace {
 
@@ -208,6 +209,31 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
     Divergence const d = diverge(n, {4096, false, true, true}, {4096, false, true, false}, 9, 16, 77);
     CHECK(d.differing == 0);
     CHECK(d.nan == 0);
+  }
+}
+
+// CudaModelOptions::router_in_oproj at Ling-3.0-flash's widths (the tests/data checkpoints are too narrow for the one-row
+// o_proj kernel that carries the router epilogue), 6 layers: layers 2-4 (KDA o_proj) and 5 (MLA dense) split their
+// router's logits, launch A selects from the fixed-point sums times its own 1 / rms.
+// - Against the router rows in launch A, fed the same tokens: the logits differ only by the sums' order and the
+//   scaling's rounding (~1e-7 relative), so every step within 1e-4 unless a routing near tie flips an expert (this
+//   seed was chosen without one; a flip would show as a jump at one step and after). A sum never zeroed, or zeroed
+//   before launch A read it, changes the picks from the second step on.
+// - Graph replay and eager launches: bit-identical (the 64-bit fixed-point sums do not depend on the blocks' order).
+TEST_CASE("router logits split over o_proj select as the router rows in launch A (Ling-3.0-flash widths, 6 layers)") {
+  if (!ling::cuda::device_available()) return;
+  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
+  int const steps = 12;
+  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4242, false, true, steps, 1000);
+  REQUIRE(base.split_layers == 0);
+  auto const split = ling::test_gpu::flash_random_steps(cfg, 6, 4242, true, true, steps, 1000, &base.picks);
+  CHECK(split.split_layers == 4);
+  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4242, true, false, steps, 1000, &base.picks);
+  REQUIRE(split.logits.size() == std::size_t(steps));
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CHECK(rel_l2(split.logits[std::size_t(s)], base.logits[std::size_t(s)]) < 1e-4);  // NaN fails
+    CHECK(split.logits[std::size_t(s)] == eager.logits[std::size_t(s)]);
   }
 }
 

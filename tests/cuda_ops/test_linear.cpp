@@ -216,6 +216,101 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
   }
 }
 
+// The router epilogue (linear.hpp RouteSplit; CudaModelOptions::router_in_oproj) at o_proj's shape: 2560 rows of 4096
+// columns plus a residual, each block adding its rows' share of Σ_i wt[i][e] g_i y_i to 64-bit fixed-point sums.
+// - The outputs y: the same bits as the launch without the epilogue.
+// - The sums against a double sum over the launch's own outputs, relative to Σ|terms| (NaN fails).
+// - The other layer's sums (route.zero) zeroed at the strided slots only; a second launch gives the same bits.
+// - Experts not a multiple of 16 (136: lane 8 has one half), strides 1 and 4; refusals where the one-row blocks do not
+//   run (1000 rows) or the experts do not fit (100, 520).
+TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y over the launch's outputs") {
+  LING_REQUIRE_GPU();
+  std::int64_t const rows = 2560, cols = 4096;
+  auto const hm = random_matrix<quant::Fp8Block>(rows, cols, 0.05f);
+  auto const dm = cuda::DeviceMatrix<quant::Fp8Block>::upload(hm.view());
+  auto const x = randn(std::size_t(cols)), res = randn(std::size_t(rows));
+  std::vector<float> g = randn(std::size_t(rows), 0.1f);
+  for (float& v : g) v += 1.f;
+  DeviceVec dx(x), dres(res), dg(g);
+  DeviceVec plain{std::size_t(rows)};
+  REQUIRE(cuda::launch_matvec(dm, dx.data(), plain.data(), nullptr, {dres.data()}) == cudaSuccess);
+  device_sync();
+  auto const y0 = plain.get();
+  for (int E : {512, 256, 136}) {
+    for (int stride : {1, 4}) {
+      CAPTURE(E);
+      CAPTURE(stride);
+      std::vector<float> const w = randn(std::size_t(rows * E), 0.02f);  // wt[i][e]
+      std::vector<std::uint16_t> wt(w.size());
+      for (std::size_t k = 0; k < w.size(); ++k) wt[k] = bf16_from_float(w[k]).bits;
+      std::size_t const slots = std::size_t(E) * std::size_t(stride);
+      cuda::DeviceBuffer dwt(wt.size() * 2), acc(slots * 8), other(slots * 8);
+      dwt.upload(wt.data(), wt.size() * 2);
+      auto run = [&](std::vector<float>& y, std::vector<std::uint64_t>& sums, std::vector<std::uint64_t>& zeroed) {
+        cuda::check(cudaMemset(acc.data(), 0, slots * 8), "zero");
+        cuda::check(cudaMemset(other.data(), 0xAB, slots * 8), "fill");
+        DeviceVec dy{std::size_t(rows)};
+        cuda::RouteSplit r;
+        r.wt = dwt.data();
+        r.norm_w = dg.data();
+        r.acc = acc.data<unsigned long long>();
+        r.zero = other.data<unsigned long long>();
+        r.experts = E;
+        r.stride = stride;
+        REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r, nullptr) == cudaSuccess);
+        device_sync();
+        y = dy.get();
+        sums.resize(slots);
+        zeroed.resize(slots);
+        acc.download(sums.data(), slots * 8);
+        other.download(zeroed.data(), slots * 8);
+      };
+      std::vector<float> y, y2;
+      std::vector<std::uint64_t> sums, sums2, zeroed, zeroed2;
+      run(y, sums, zeroed);
+      CHECK(same_bits(y, y0));
+      double e2 = 0, t2 = 0;
+      for (int e = 0; e < E; ++e) {
+        double ref = 0, terms = 0;
+        for (std::int64_t i = 0; i < rows; ++i) {
+          double const v = double(to_float(Bfloat16{wt[std::size_t(i * E + e)]})) * g[std::size_t(i)] * y[std::size_t(i)];
+          ref += v;
+          terms += std::abs(v);
+        }
+        double const got = double(static_cast<std::int64_t>(sums[std::size_t(e) * std::size_t(stride)])) / 4294967296.0;
+        e2 += (got - ref) * (got - ref);
+        t2 += terms * terms;
+      }
+      CHECK(std::sqrt(e2 / t2) < 1e-6);
+      bool zero_ok = true, gaps_ok = true;
+      for (std::size_t k = 0; k < slots; ++k) {
+        if (k % std::size_t(stride) == 0) zero_ok = zero_ok && zeroed[k] == 0;
+        else gaps_ok = gaps_ok && zeroed[k] == 0xABABABABABABABABull && sums[k] == 0;
+      }
+      CHECK(zero_ok);
+      CHECK(gaps_ok);
+      run(y2, sums2, zeroed2);
+      CHECK(same_bits(y2, y));
+      CHECK(sums2 == sums);
+    }
+  }
+  // refusals: no one-row blocks (1000 rows), experts not a multiple of 8 or above 512
+  auto const small = cuda::DeviceMatrix<quant::Fp8Block>::upload(random_matrix<quant::Fp8Block>(1000, cols, 0.05f).view());
+  cuda::DeviceBuffer dwt(std::size_t(rows) * 520 * 2), acc(520 * 8);
+  DeviceVec dy{std::size_t(rows)};
+  cuda::RouteSplit r;
+  r.wt = dwt.data();
+  r.norm_w = dg.data();
+  r.acc = acc.data<unsigned long long>();
+  r.experts = 512;
+  CHECK(cuda::launch_matvec_route_split(small, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) == cudaErrorNotSupported);
+  for (int bad : {100, 520}) {
+    r.experts = bad;
+    CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) == cudaErrorNotSupported);
+  }
+  (void)cudaGetLastError();
+}
+
 // LING_FP8_DOT=f16 (opt-in): each chunk's products summed in f16 pairs, x in f16 per 128-column block scaled by a power
 // of two. Not bit-identical to the fp32 path: ~1e-3 relative. Whole and ragged rows, an input spanning 8 octaves
 // within a block (the block scale keeps the small ones above f16's subnormals), and a NaN that must reach its rows.

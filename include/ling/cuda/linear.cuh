@@ -251,9 +251,16 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // kHeadScale, which stage_input_slow<false> has no path for, is refused by ops::router and ops::moe before any launch.
 // Every block fetches this code right after its PDL wait, and MoE launch A stalls on instruction fetch
 // (docs/kernels.md "Launch A's code size").
+// Host side: whether stage_input takes its fused RMSNorm path for input x and prologue p (the one that gives rms_inv).
+inline bool stage_input_fits_rms(float const* x, InputPrologue const& p) {
+  auto a16 = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
+  return (p.flags & InputPrologue::kFusedWeights) && p.kind == PrologueKind::kRmsNorm && p.norm_w && a16(x) && a16(p.norm_w);
+}
+// rms_inv (a caller's register, or null): 1 / rms(x) of the fused RMSNorm path, the only path that writes it (MoE
+// launch A with the router's logits split over o_proj: stage_input_fits_rms says when it is taken).
 template <bool kAttnFused = true>
 __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
-                                            InputPrologue const& p) {
+                                            InputPrologue const& p, float* rms_inv = nullptr) {
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
   bool const fused = p.flags & InputPrologue::kFusedWeights;
@@ -262,7 +269,9 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     // row it loads before its PDL wait, measured 2026-11-30)
     float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
-    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
+    float const r = rsqrtf(block_sum(ss, red) / float(n) + p.eps);
+    if (rms_inv) *rms_inv = r;
+    float const inv = r * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
     return;
   }
@@ -707,6 +716,12 @@ template <> struct PolicyOf<PlainKey<4>> { using type = Unaligned<quant::Bf16>; 
 template <> struct PolicyOf<PlainKey<6>> { using type = Unaligned<quant::F32>; };
 template <class K> using policy_of = typename PolicyOf<K>::type;
 
+// ---- the router's logits split over the rows of the launch before the MoE: linear.hpp RouteSplit --------------
+using ling::cuda::kRouteFixedClamp;
+using ling::cuda::kRouteFixedOne;
+using ling::cuda::kRouteMaxExperts;
+using ling::cuda::RouteSplit;
+
 // ---- the matvec kernel -------------------------------------------------------------------------------------
 struct MultiArgs {
   MatrixArgs m[kMaxMultiMatrices];
@@ -716,6 +731,7 @@ struct MultiArgs {
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
   unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
+  RouteSplit route{};                              // the router epilogue (matvec_lane_kernel's kRoute instances)
 };
 
 struct ArgmaxArgs {
@@ -1051,9 +1067,52 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
   return f.x + f.y;
 }
 
+// The router epilogue (RouteSplit). Before the PDL wait the warp with row i copies wt's row i (experts × 2 bytes) into
+// the first half of its slice of s_part (kNW slices of `experts` floats after the staged input, 16-byte aligned) with
+// cp.async, so that no registers are held across the wait (the row in registers made the 12-warp instance spill).
+// route_publish, after the row's output y_i: lane l's experts 16 l .. 16 l + 15 times c = g_i y_i (zeros for a warp
+// without a row) into the slice, then the block's sums in a fixed order (warp 0, 1, ...) and one 64-bit atomic per
+// expert.
+__device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, float* s_part) {
+  float* const mine = s_part + (threadIdx.x >> 5) * rs.experts;
+  warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2, std::uint32_t(rs.experts) * 2u, 0u});
+}
+template <int kNW>
+__device__ __forceinline__ void route_publish(RouteSplit const& rs, bool has_row, float c, float* s_part) {
+  int const E = rs.experts, lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  float* const mine = s_part + warp * E;
+  cp_async_wait(0);
+  __syncwarp();
+  uint4 w[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+#pragma unroll
+  for (int q = 0; q < 2; ++q)
+    if (has_row && 16 * lane + 8 * q < E) w[q] = reinterpret_cast<uint4 const*>(mine)[2 * lane + q];
+  __syncwarp();  // every lane has its BF16 weights before the products overwrite them
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    if (16 * lane + 8 * q < E) {
+      float4* const d = reinterpret_cast<float4*>(mine + 16 * lane + 8 * q);
+      d[0] = make_float4(__uint_as_float(w[q].x << 16) * c, __uint_as_float(w[q].x & 0xFFFF0000u) * c,
+                         __uint_as_float(w[q].y << 16) * c, __uint_as_float(w[q].y & 0xFFFF0000u) * c);
+      d[1] = make_float4(__uint_as_float(w[q].z << 16) * c, __uint_as_float(w[q].z & 0xFFFF0000u) * c,
+                         __uint_as_float(w[q].w << 16) * c, __uint_as_float(w[q].w & 0xFFFF0000u) * c);
+    }
+  }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) {
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < kNW; ++k) s += s_part[k * E + e];
+    s = fminf(fmaxf(s, -kRouteFixedClamp), kRouteFixedClamp);  // NaN takes a bound (h's NaN reaches the output anyway)
+    atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
+    if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
+  }
+}
+
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
+// kRoute (one-row instances, one matrix): the router epilogue (RouteSplit, a.route), its rows' partial logits.
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps, bool kRoute = false>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
                                                                          InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
@@ -1062,6 +1121,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   static_assert(!kRow || !kH16, "f16 partial sums: block FP8 only");
   static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
   constexpr bool kOne = kBW > kWarps;
+  static_assert(!kRoute || kOne, "the router epilogue: one row per warp");
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = int(threadIdx.x & 31);
@@ -1077,6 +1137,14 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
+  }
+  [[maybe_unused]] float rg = 0.f;  // kRoute: the row's norm weight
+  if constexpr (kRoute) {
+    if (t < total) {  // one matrix: row t (the launcher checks)
+      route_row_copy(a.route, t, xs + xs_floats(staged_elems<P>(a.m[0])));
+      rg = __ldg(a.route.norm_w + t);
+    }
+    cp_async_commit();
   }
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
@@ -1120,9 +1188,11 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
       unsigned long long const k = argmax_key(v, a.row_begin[i] + r);
       best = k > best ? k : best;
     }
+    return v;
   };
   if constexpr (kOne) {
-    if (t < total) finish(t, ci, r0);
+    float const v = t < total ? finish(t, ci, r0) : 0.f;
+    if constexpr (kRoute) route_publish<kBW>(a.route, t < total, v * rg, xs + xs_floats(staged_elems<P>(a.m[0])));
     trace_end(a.trace);
     argmax_publish<kBW>(am, best);
     return;
@@ -1502,6 +1572,13 @@ inline int matvec_lane_one_warps(std::int64_t total) {
 inline bool matvec_row_lane_enabled() {
   return !env_off("LING_MATVEC_ROW_LANE");
 }
+// What the router epilogue needs of its launch besides the instance (RouteSplit): one matrix, its rows the router's
+// columns, experts a multiple of 8 up to kRouteMaxExperts, 16-byte aligned rows of wt, a sums buffer.
+inline bool route_split_args_ok(MultiArgs const& a) {
+  RouteSplit const& r = a.route;
+  return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts && r.experts % 8 == 0 &&
+         r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0;
+}
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream,
@@ -1520,12 +1597,24 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
-        if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
+      auto one = [&](auto kernel, int bw, std::size_t extra = 0) {  // every warp one row (matvec_lane_one_warps)
+        if (cudaError_t e = allow_dynamic_smem(kernel, smem + extra); e != cudaSuccess) return e;
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem + extra, stream, a, x,
+                         pro, am);
       };
       bool const h16 = !kRow && matvec_fp8_h16();
-      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
+      int const bw = matvec_lane_one_warps(total);
+      if (a.route.wt) {  // the router epilogue: its one-row instances only (matvec_route_split_fits)
+        if constexpr (kRow) {
+          return cudaErrorNotSupported;
+        } else {
+          if (!(bw > 0 && ku == 8 && full && !h16) || am.key || !route_split_args_ok(a)) return cudaErrorNotSupported;
+          std::size_t const part = std::size_t(bw) * std::size_t(a.route.experts) * sizeof(float);
+          return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10, true>, 10, part)
+                          : one(matvec_lane_kernel<K, 8, 2, true, false, 12, true>, 12, part);
+        }
+      }
+      if (bw > 0 && ku == 8 && full && !h16)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
@@ -1538,6 +1627,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       else return h16 ? lane(std::true_type{}) : lane(std::false_type{});
     }
   }
+  if (a.route.wt) return cudaErrorNotSupported;  // LING_MATVEC_LANE=0: no router epilogue in the pipelined kernel
   if constexpr (!kRow) {
     if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
     if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
@@ -1548,6 +1638,13 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
 inline bool matvec_pipe_enabled() {
   return !env_off("LING_MATVEC_PIPE");
 }
+// Whether a block-FP8 matvec of `rows` rows and `cols` columns would run matvec_lane_kernel's one-row instances, the only
+// ones with the router epilogue (the same choice as launch_matvec_pipe's; the caller then sets MultiArgs::route).
+inline bool matvec_route_split_fits(std::int64_t rows, std::int64_t cols) {
+  return cols % 16 == 0 && pipe_unroll(cols / 16) == 8 && cols == 512 * 8 && matvec_pipe_enabled() && matvec_lane_enabled() &&
+         !matvec_fp8_h16() && matvec_lane_one_warps(rows) > 0;
+}
+
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
 // has to spell quant::Plain<...> (see make_key).
@@ -1558,6 +1655,15 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
                                 cudaStream_t stream) {
   using P = policy_of<K>;
   constexpr int NR = kNR > 0 ? kNR : kMatvecRows<P>;
+  if (a.route.wt) {  // the router epilogue: block FP8 on launch_matvec_pipe's one-row instances only
+    if constexpr (std::is_same_v<P, quant::Fp8Block> && kNR == 0 && kMinBlocks == 0) {
+      int const ku = pipe_unroll(a.m[0].ld / 16);
+      if (ku == 0 || a.count != 1 || am.key || !matvec_pipe_enabled()) return cudaErrorNotSupported;
+      return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
+    } else {
+      return cudaErrorNotSupported;
+    }
+  }
   if constexpr (kNR == 0 && kMinBlocks == 0 && has_fast_kernel<P>) {
     int const ku = pipe_unroll(a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)) / 16);
     bool same_ld = true;
@@ -1693,6 +1799,22 @@ cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, 
   return detail::launch_multi<P, 16>(ws, y, [&](kernels::MultiArgs const& a) {
     return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
   });
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_route_split(DeviceMatrix<P> const& w, float const* x, float* y, InputPrologue const& pro,
+                                      float const* residual, RouteSplit const& route, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<P, quant::Fp8Block>) {
+    return cudaErrorNotSupported;
+  } else {
+    if (!route.wt || !kernels::matvec_route_split_fits(w.rows(), w.cols())) return cudaErrorNotSupported;
+    DeviceMatrix<P> const* one[1] = {&w};
+    bool ok = false;
+    kernels::MultiArgs a = kernels::multi_args<P>(one, 1, y, residual, ok);
+    if (!ok) return cudaErrorInvalidValue;
+    a.route = route;
+    return kernels::launch_matvec_args<P>(a, x, pro, {}, stream);
+  }
 }
 
 }  // namespace ling::cuda

@@ -16,6 +16,13 @@ struct CudaModelOptions {
   // gets fewer SMs than the device has (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts), else the step fails
   // with a launch error after seconds (the barrier is bounded; it never hangs).
   bool router_in_moe = true;
+  // The router's logits split over the launch before the MoE (o_proj, or the MLA dense): each of its blocks adds its
+  // rows' share of Σ_i W_r[e, i] g_i h_i in 64-bit fixed point, and MoE launch A only scales the sums by its own
+  // 1 / rms(h), so no router rows and no grid barrier stand before the selection (linear.hpp RouteSplit). Takes the
+  // layers whose attention output runs the one-row block-FP8 kernel (4096 columns) with a BF16 router of at most 512
+  // experts, when at least two layers qualify; the others keep router_in_moe. Holds a transposed copy of each such
+  // router (2 bytes per hidden size × experts). Opt-in while it is measured; LING_ROUTER_OPROJ=1 / 0 overrides it.
+  bool router_in_oproj = false;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.

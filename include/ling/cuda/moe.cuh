@@ -66,6 +66,11 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
+  // The router's logits split over the launch before (linear.cuh RouteSplit: o_proj or the MLA dense computed their
+  // fixed-point sums of Σ W_r g h): the streamed launch A's kSplit instance selects from them times its own 1 / rms
+  // (no router rows, no grid barrier); launch_moe_gate_up_stream refuses the launch where that instance cannot run.
+  unsigned long long const* route_acc = nullptr;
+  int route_acc_stride = 1;
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -1233,7 +1238,8 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
-template <int kW, bool kBiased, int kDiag = 0>
+// kSplit: the router's logits from the launch before's split sums (MoeArgs::route_acc), scaled by this block's 1 / rms.
+template <int kW, bool kBiased, int kDiag = 0, bool kSplit = false>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1343,8 +1349,15 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
-  stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  [[maybe_unused]] float rinv = 0.f;  // kSplit: 1 / rms of the input (stage_input's fused RMSNorm path; the launcher checks)
+  if constexpr (kSplit) {
+    route_ahead_split(a.route_acc, a.route_acc_stride, a.route.experts, ra);  // in flight while the input is staged
+    stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro, &rinv);
+    route_ahead_scale(ra, rinv);
+  } else {
+    if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
+    stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
+  }
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
     cp_async_wait(0);
@@ -1874,6 +1887,12 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
+    if (a.route_acc) {  // the logits' split sums: the kSplit instance (16 warps, biased lookup), or no launch at all
+      bool const ok = biased && warps == 16 && !a.router.data && a.route.logits && a.route_ahead &&
+                      a.route.experts <= kRouteAhead * 16 * 32 && stage_input_fits_rms(u, pro);
+      if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
+      return true;
+    }
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
@@ -2163,6 +2182,7 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
   }
+  if (a.route_acc) return cudaErrorNotSupported;  // the split sums: the streamed kernel's kSplit instance only
   if (a.router.data) {  // the register kernels do not read router rows: their own launch first
     cudaError_t const e = launch_router_logits(a, u, pro, stream);
     if (e != cudaSuccess) return e;
