@@ -1,18 +1,16 @@
 // The CUDA session's definitions for test_cuda_model (session.cuh is included by exactly one .cu of a program).
-#include "ling/cuda/session.cuh"
-
 #include <algorithm>
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "ling/cuda/model.cuh"
+#include "ling/cuda/session.cuh"
 #include "model_harness.hpp"
 
 namespace ling::test_gpu {
 
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool router_in_oproj, bool graph,
-                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool router_in_oproj,
+                              bool graph, int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
   std::ifstream f(config_json);
   require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
   nlohmann::json j = nlohmann::json::parse(f);

@@ -14,10 +14,11 @@ struct FlashSteps {
   std::vector<std::int32_t> picks;
 };
 
-// Ling-3.0-flash's widths (config_json: tests/data/ling3-flash-config) cut to `layers` layers, random weights on the GPU
-// from `seed`: `steps` decode steps, the first on `token`, step s > 0 on feed[s - 1] when feed is given, else on the
-// previous step's greedy pick. `graph`: replay the captured step (else eager launches).
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool router_in_oproj, bool graph,
-                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed = nullptr);
+// Ling-3.0-flash's widths (config_json: tests/data/ling3-flash-config) cut to `layers` layers, random weights on the
+// GPU from `seed`: `steps` decode steps, the first on `token`, step s > 0 on feed[s - 1] when feed is given, else on
+// the previous step's greedy pick. `graph`: replay the captured step (else eager launches).
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool router_in_oproj,
+                              bool graph, int steps, std::int32_t token,
+                              std::vector<std::int32_t> const* feed = nullptr);
 
 }  // namespace ling::test_gpu

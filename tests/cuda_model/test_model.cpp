@@ -212,9 +212,9 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
   }
 }
 
-// CudaModelOptions::router_in_oproj at Ling-3.0-flash's widths (the tests/data checkpoints are too narrow for the one-row
-// o_proj kernel that carries the router epilogue), 6 layers: layers 2-4 (KDA o_proj) and 5 (MLA dense) split their
-// router's logits, launch A selects from the fixed-point sums times its own 1 / rms.
+// CudaModelOptions::router_in_oproj at Ling-3.0-flash's widths (the tests/data checkpoints are too narrow for the
+// one-row o_proj kernel that carries the router epilogue), 6 layers: layers 2-4 (KDA o_proj) and 5 (MLA dense) split
+// their router's logits, launch A selects from the fixed-point sums times its own 1 / rms.
 // - Against the router rows in launch A, fed the same tokens: the logits differ only by the sums' order and the
 //   scaling's rounding (~1e-7 relative), so every step within 1e-4 unless a routing near tie flips an expert (this
 //   seed was chosen without one; a flip would show as a jump at one step and after). A sum never zeroed, or zeroed

@@ -257,7 +257,8 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
         r.zero = other.data<unsigned long long>();
         r.experts = E;
         r.stride = stride;
-        REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r, nullptr) == cudaSuccess);
+        REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r,
+                                                nullptr) == cudaSuccess);
         device_sync();
         y = dy.get();
         sums.resize(slots);
@@ -273,7 +274,8 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
       for (int e = 0; e < E; ++e) {
         double ref = 0, terms = 0;
         for (std::int64_t i = 0; i < rows; ++i) {
-          double const v = double(to_float(Bfloat16{wt[std::size_t(i * E + e)]})) * g[std::size_t(i)] * y[std::size_t(i)];
+          double const v =
+              double(to_float(Bfloat16{wt[std::size_t(i * E + e)]})) * g[std::size_t(i)] * y[std::size_t(i)];
           ref += v;
           terms += std::abs(v);
         }
@@ -284,8 +286,10 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
       CHECK(std::sqrt(e2 / t2) < 1e-6);
       bool zero_ok = true, gaps_ok = true;
       for (std::size_t k = 0; k < slots; ++k) {
-        if (k % std::size_t(stride) == 0) zero_ok = zero_ok && zeroed[k] == 0;
-        else gaps_ok = gaps_ok && zeroed[k] == 0xABABABABABABABABull && sums[k] == 0;
+        if (k % std::size_t(stride) == 0)
+          zero_ok = zero_ok && zeroed[k] == 0;
+        else
+          gaps_ok = gaps_ok && zeroed[k] == 0xABABABABABABABABull && sums[k] == 0;
       }
       CHECK(zero_ok);
       CHECK(gaps_ok);
@@ -295,7 +299,8 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
     }
   }
   // refusals: no one-row blocks (1000 rows), experts not a multiple of 8 or above 512
-  auto const small = cuda::DeviceMatrix<quant::Fp8Block>::upload(random_matrix<quant::Fp8Block>(1000, cols, 0.05f).view());
+  auto const small =
+      cuda::DeviceMatrix<quant::Fp8Block>::upload(random_matrix<quant::Fp8Block>(1000, cols, 0.05f).view());
   cuda::DeviceBuffer dwt(std::size_t(rows) * 520 * 2), acc(520 * 8);
   DeviceVec dy{std::size_t(rows)};
   cuda::RouteSplit r;
@@ -303,10 +308,12 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
   r.norm_w = dg.data();
   r.acc = acc.data<unsigned long long>();
   r.experts = 512;
-  CHECK(cuda::launch_matvec_route_split(small, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) == cudaErrorNotSupported);
+  CHECK(cuda::launch_matvec_route_split(small, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
+        cudaErrorNotSupported);
   for (int bad : {100, 520}) {
     r.experts = bad;
-    CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) == cudaErrorNotSupported);
+    CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
+          cudaErrorNotSupported);
   }
   (void)cudaGetLastError();
 }

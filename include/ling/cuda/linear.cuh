@@ -243,6 +243,12 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
   }
 }
 
+// Host side: whether stage_input takes its fused RMSNorm path for input x and prologue p (the one that gives rms_inv).
+inline bool stage_input_fits_rms(float const* x, InputPrologue const& p) {
+  auto a16 = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
+  return (p.flags & InputPrologue::kFusedWeights) && p.kind == PrologueKind::kRmsNorm && p.norm_w && a16(x) &&
+         a16(p.norm_w);
+}
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
@@ -251,16 +257,11 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
 // kHeadScale, which stage_input_slow<false> has no path for, is refused by ops::router and ops::moe before any launch.
 // Every block fetches this code right after its PDL wait, and MoE launch A stalls on instruction fetch
 // (docs/kernels.md "Launch A's code size").
-// Host side: whether stage_input takes its fused RMSNorm path for input x and prologue p (the one that gives rms_inv).
-inline bool stage_input_fits_rms(float const* x, InputPrologue const& p) {
-  auto a16 = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
-  return (p.flags & InputPrologue::kFusedWeights) && p.kind == PrologueKind::kRmsNorm && p.norm_w && a16(x) && a16(p.norm_w);
-}
 // rms_inv (a caller's register, or null): 1 / rms(x) of the fused RMSNorm path, the only path that writes it (MoE
 // launch A with the router's logits split over o_proj: stage_input_fits_rms says when it is taken).
 template <bool kAttnFused = true>
-__device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
-                                            InputPrologue const& p, float* rms_inv = nullptr) {
+__device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n,
+                                            std::int64_t n_stage, InputPrologue const& p, float* rms_inv = nullptr) {
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
   bool const fused = p.flags & InputPrologue::kFusedWeights;
@@ -1075,7 +1076,8 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
 // expert.
 __device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, float* s_part) {
   float* const mine = s_part + (threadIdx.x >> 5) * rs.experts;
-  warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2, std::uint32_t(rs.experts) * 2u, 0u});
+  warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
+                         std::uint32_t(rs.experts) * 2u, 0u});
 }
 template <int kNW>
 __device__ __forceinline__ void route_publish(RouteSplit const& rs, bool has_row, float c, float* s_part) {
@@ -1113,8 +1115,8 @@ __device__ __forceinline__ void route_publish(RouteSplit const& rs, bool has_row
 // that is resident at once, so no warp takes a second row after the others are done.
 // kRoute (one-row instances, one matrix): the router epilogue (RouteSplit, a.route), its rows' partial logits.
 template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps, bool kRoute = false>
-__global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
-                                                                         InputPrologue pro, ArgmaxArgs am) {
+__global__ void __launch_bounds__(kBW * 32, kMinBlocks)
+    matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
   constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
@@ -1576,8 +1578,8 @@ inline bool matvec_row_lane_enabled() {
 // columns, experts a multiple of 8 up to kRouteMaxExperts, 16-byte aligned rows of wt, a sums buffer.
 inline bool route_split_args_ok(MultiArgs const& a) {
   RouteSplit const& r = a.route;
-  return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts && r.experts % 8 == 0 &&
-         r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0;
+  return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
+         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0;
 }
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>
@@ -1599,8 +1601,8 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
       auto one = [&](auto kernel, int bw, std::size_t extra = 0) {  // every warp one row (matvec_lane_one_warps)
         if (cudaError_t e = allow_dynamic_smem(kernel, smem + extra); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem + extra, stream, a, x,
-                         pro, am);
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem + extra, stream,
+                         a, x, pro, am);
       };
       bool const h16 = !kRow && matvec_fp8_h16();
       int const bw = matvec_lane_one_warps(total);
@@ -1638,13 +1640,12 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
 inline bool matvec_pipe_enabled() {
   return !env_off("LING_MATVEC_PIPE");
 }
-// Whether a block-FP8 matvec of `rows` rows and `cols` columns would run matvec_lane_kernel's one-row instances, the only
-// ones with the router epilogue (the same choice as launch_matvec_pipe's; the caller then sets MultiArgs::route).
+// Whether a block-FP8 matvec of `rows` rows and `cols` columns would run matvec_lane_kernel's one-row instances, the
+// only ones with the router epilogue (the same choice as launch_matvec_pipe's; the caller then sets MultiArgs::route).
 inline bool matvec_route_split_fits(std::int64_t rows, std::int64_t cols) {
-  return cols % 16 == 0 && pipe_unroll(cols / 16) == 8 && cols == 512 * 8 && matvec_pipe_enabled() && matvec_lane_enabled() &&
-         !matvec_fp8_h16() && matvec_lane_one_warps(rows) > 0;
+  return cols % 16 == 0 && pipe_unroll(cols / 16) == 8 && cols == 512 * 8 && matvec_pipe_enabled() &&
+         matvec_lane_enabled() && !matvec_fp8_h16() && matvec_lane_one_warps(rows) > 0;
 }
-
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
 // has to spell quant::Plain<...> (see make_key).

@@ -278,22 +278,23 @@ struct InputPrologue {
 
 // ---- the router's logits split over the rows of the launch before the MoE (o_proj, MLA dense) --------------
 // The MoE's router reads u = RMSNorm(h) · g, h being the output of the launch before it (o_proj + residual), so its
-// logits Σ_i W_r[e, i] g_i h_i / rms(h) wait for every row of h: today MoE launch A computes them from its own staged
-// input, and its blocks meet at a grid barrier before the selection. The sums split over h's rows: the block of the
-// output launch that computes rows i (one per warp in linear.cuh's matvec_lane_kernel, its one-row instances) adds its partial sums
-// Σ_{i in block} W_r[e, i] g_i h_i for every expert e, and launch A only scales them by its own 1 / rms(h), with no
-// router rows, no barrier. The router is held transposed for this (wt: [rows][experts] BF16, a row of 1 KB at 512
-// experts, loaded before the PDL wait: it does not depend on anything). The blocks' partials meet in 64-bit fixed
-// point (kRouteFixedOne units): integer adds are associative, so the sums, and the picks, are the same bits in every
-// run whatever the blocks' order; fp32 atomics would not be. docs/kernels.md "The router's logits split over o_proj".
-inline constexpr float kRouteFixedOne = 4294967296.0f;   // 2^32 units per 1.0
-inline constexpr float kRouteFixedClamp = 4194304.0f;    // |block partial| clamped to 2^22: 2^54 units, 512 blocks < 2^63
-inline constexpr int kRouteMaxExperts = 512;             // 16 experts per lane: two 16-byte loads per row
+// logits Σ_i W_r[e, i] g_i h_i / rms(h) wait for every row of h: by default MoE launch A computes them from its own
+// staged input, and its blocks meet at a grid barrier before the selection. The sums split over h's rows: the block
+// of the output launch that computes rows i (one per warp: linear.cuh's matvec_lane_kernel, its one-row instances)
+// adds its partial sums Σ_{i in block} W_r[e, i] g_i h_i for every expert e, and launch A only scales them by its
+// own 1 / rms(h): no router rows, no barrier. The router is held transposed for this (wt: [rows][experts] BF16, a
+// row of 1 KB at 512 experts, copied before the PDL wait: it depends on nothing). The blocks' partials meet in 64-bit
+// fixed point (kRouteFixedOne units): integer adds are associative, so the sums, and the picks, are the same bits in
+// every run whatever the blocks' order; fp32 atomics would not be. docs/kernels.md "The router's logits split over
+// o_proj".
+inline constexpr float kRouteFixedOne = 4294967296.0f;  // 2^32 units per 1.0
+inline constexpr float kRouteFixedClamp = 4194304.0f;  // |block partial| clamped to 2^22: 2^54 units, 512 blocks < 2^63
+inline constexpr int kRouteMaxExperts = 512;           // 16 experts per lane: two 16-byte loads per row
 struct RouteSplit {
-  void const* wt = nullptr;                // [rows][experts] BF16, the router transposed; null: no router epilogue
-  float const* norm_w = nullptr;           // [rows] the MoE input's RMSNorm weight g
-  unsigned long long* acc = nullptr;       // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
-  unsigned long long* zero = nullptr;      // another layer's sums (read by a launch that has ended): block 0 zeroes them
+  void const* wt = nullptr;            // [rows][experts] BF16, the router transposed; null: no router epilogue
+  float const* norm_w = nullptr;       // [rows] the MoE input's RMSNorm weight g
+  unsigned long long* acc = nullptr;   // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
+  unsigned long long* zero = nullptr;  // another layer's sums (read by a launch that has ended): block 0 zeroes them
   int experts = 0, stride = 1;
 };
 

@@ -33,8 +33,9 @@ enum class WeightKind { kEmbedding, kHead, kRouter, kDense, kExpert };
 namespace kernels {
 // dst[c][r] = src[r][c] for a rows × cols matrix of 16-bit values, through 32 × 32 tiles of shared memory (load time:
 // the routers transposed for CudaModelOptions::router_in_oproj).
-__global__ void __launch_bounds__(256) transpose_u16_kernel(std::uint16_t const* __restrict__ src, std::uint16_t* __restrict__ dst,
-                                                            std::int64_t rows, std::int64_t cols) {
+__global__ void __launch_bounds__(256)
+    transpose_u16_kernel(std::uint16_t const* __restrict__ src, std::uint16_t* __restrict__ dst, std::int64_t rows,
+                         std::int64_t cols) {
   __shared__ std::uint16_t tile[32][33];
   std::int64_t const c0 = std::int64_t(blockIdx.x) * 32, r0 = std::int64_t(blockIdx.y) * 32;
   int const tx = int(threadIdx.x & 31), ty = int(threadIdx.x >> 5);
@@ -575,7 +576,8 @@ class CudaModel {
     for (auto& l : layers_)
       if (l.f.split >= 0) {
         ModelMatrix const& r = l.f.router;
-        transpose_u16(static_cast<std::uint16_t const*>(r.data), static_cast<std::uint16_t*>(l.f.router_t), r.rows, r.cols);
+        transpose_u16(static_cast<std::uint16_t const*>(r.data), static_cast<std::uint16_t*>(l.f.router_t), r.rows,
+                      r.cols);
         weight_bytes_ += std::size_t(r.rows * r.cols) * 2;
       }
     check(cudaDeviceSynchronize(), "building the CUDA model");

@@ -268,16 +268,16 @@ inline bool matvec_preload_enabled() {
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
-// route (its wt set): the router epilogue (kernels::RouteSplit) on the one matrix's launch, a block-FP8 matrix for which
-// kernels::matvec_route_split_fits holds (the caller checks; else this throws).
+// route (its wt set): the router epilogue (kernels::RouteSplit) on the one matrix's launch, a block-FP8 matrix for
+// which kernels::matvec_route_split_fits holds (the caller checks; else this throws).
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list,
                    kernels::RouteSplit const& route = {}) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   if (route.wt) {
     ModelMatrix const& m = *list.begin()->m;
-    require(list.size() == 1 && m.format == MatFormat::kFp8Block && fast_rows(m) && route.experts > 0, ErrorCode::kInternal,
-            "matvec: the router epilogue needs one block-FP8 matrix");
+    require(list.size() == 1 && m.format == MatFormat::kFp8Block && fast_rows(m) && route.experts > 0,
+            ErrorCode::kInternal, "matvec: the router epilogue needs one block-FP8 matrix");
     kernels::MultiArgs a{};
     a.count = 1;
     a.m[0] = matrix_args(m);
@@ -415,8 +415,9 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // set with route (and no router rows): the logits' fixed-point split sums from the launch before (kernels::RouteSplit),
-  // expert e at route_acc[e · route_acc_stride]; launch A scales them by its own 1 / rms (no router launch, no barrier)
+  // set with route (and no router rows): the logits' fixed-point split sums from the launch before
+  // (kernels::RouteSplit), expert e at route_acc[e · route_acc_stride]; launch A scales them by its own 1 / rms (no
+  // router launch, no barrier)
   unsigned long long const* route_acc = nullptr;
   int route_acc_stride = 1;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
@@ -487,7 +488,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.grid_bar = a.grid_bar;
     }
     if (a.route_acc) {
-      require(!a.router && a.route_acc_stride >= 1, ErrorCode::kInternal, "moe: the logits' split sums with router rows");
+      require(!a.router && a.route_acc_stride >= 1, ErrorCode::kInternal,
+              "moe: the logits' split sums with router rows");
       k.route_acc = a.route_acc;
       k.route_acc_stride = a.route_acc_stride;
       k.route_ahead = 1;

@@ -1349,7 +1349,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  [[maybe_unused]] float rinv = 0.f;  // kSplit: 1 / rms of the input (stage_input's fused RMSNorm path; the launcher checks)
+  [[maybe_unused]] float rinv =
+      0.f;  // kSplit: 1 / rms of the input (stage_input's fused RMSNorm path; the launcher checks)
   if constexpr (kSplit) {
     route_ahead_split(a.route_acc, a.route_acc_stride, a.route.experts, ra);  // in flight while the input is staged
     stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro, &rinv);

@@ -57,11 +57,14 @@ __device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead
 // The logits from the sums split over o_proj's rows (linear.cuh RouteSplit; MoE launch A's kSplit instance): thread i's
 // experts' fixed-point sums of Σ W_r g h as floats, loaded right after the PDL wait; route_ahead_scale then multiplies
 // them by the block's 1 / rms(h) once the input is staged.
-__device__ __forceinline__ void route_ahead_split(unsigned long long const* acc, int stride, int experts, RouteAhead& r) {
+__device__ __forceinline__ void route_ahead_split(unsigned long long const* acc, int stride, int experts,
+                                                  RouteAhead& r) {
 #pragma unroll
   for (int k = 0; k < kRouteAhead; ++k) {
     int const e = int(threadIdx.x) + k * int(blockDim.x);
-    r.l[k] = e < experts ? float(static_cast<long long>(__ldcg(acc + std::int64_t(e) * stride))) * (1.0f / kRouteFixedOne) : 0.f;
+    r.l[k] = e < experts
+                 ? float(static_cast<long long>(__ldcg(acc + std::int64_t(e) * stride))) * (1.0f / kRouteFixedOne)
+                 : 0.f;
   }
 }
 __device__ __forceinline__ void route_ahead_scale(RouteAhead& r, float s) {
