@@ -1069,42 +1069,28 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
 }
 
 // The router epilogue (RouteSplit). Before the PDL wait the warp with row i copies wt's row i (experts × 2 bytes) into
-// the first half of its slice of s_part (kNW slices of `experts` floats after the staged input, 16-byte aligned) with
-// cp.async, so that no registers are held across the wait (the row in registers made the 12-warp instance spill).
-// route_publish, after the row's output y_i: lane l's experts 16 l .. 16 l + 15 times c = g_i y_i (zeros for a warp
-// without a row) into the slice, then the block's sums in a fixed order (warp 0, 1, ...) and one 64-bit atomic per
-// expert.
-__device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, float* s_part) {
-  float* const mine = s_part + (threadIdx.x >> 5) * rs.experts;
+// its slice of s_rows (kNW slices after the staged input, 16-byte aligned) with cp.async, so that no registers are held
+// across the wait (the row in registers made the 12-warp instance spill). route_publish, after the rows' outputs y_i:
+// each warp's c = g_i y_i, then thread e sums its expert over the block's rows in a fixed order (warp 0, 1, ...) and
+// adds one 64-bit atomic per expert. Warps past the matrix's last row hold no row (their slices are never read).
+__device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, std::uint16_t* s_rows) {
+  std::uint16_t* const mine = s_rows + (threadIdx.x >> 5) * rs.experts;
   warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
                          std::uint32_t(rs.experts) * 2u, 0u});
 }
+// rows: how many of the block's warps (0, 1, ...) hold a row; c: this warp's g_i y_i.
 template <int kNW>
-__device__ __forceinline__ void route_publish(RouteSplit const& rs, bool has_row, float c, float* s_part) {
-  int const E = rs.experts, lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
-  float* const mine = s_part + warp * E;
+__device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, float c, std::uint16_t const* s_rows) {
+  __shared__ float s_c[kNW];
+  int const E = rs.experts;
+  if ((threadIdx.x & 31) == 0) s_c[threadIdx.x >> 5] = c;
   cp_async_wait(0);
-  __syncwarp();
-  uint4 w[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-#pragma unroll
-  for (int q = 0; q < 2; ++q)
-    if (has_row && 16 * lane + 8 * q < E) w[q] = reinterpret_cast<uint4 const*>(mine)[2 * lane + q];
-  __syncwarp();  // every lane has its BF16 weights before the products overwrite them
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    if (16 * lane + 8 * q < E) {
-      float4* const d = reinterpret_cast<float4*>(mine + 16 * lane + 8 * q);
-      d[0] = make_float4(__uint_as_float(w[q].x << 16) * c, __uint_as_float(w[q].x & 0xFFFF0000u) * c,
-                         __uint_as_float(w[q].y << 16) * c, __uint_as_float(w[q].y & 0xFFFF0000u) * c);
-      d[1] = make_float4(__uint_as_float(w[q].z << 16) * c, __uint_as_float(w[q].z & 0xFFFF0000u) * c,
-                         __uint_as_float(w[q].w << 16) * c, __uint_as_float(w[q].w & 0xFFFF0000u) * c);
-    }
-  }
-  __syncthreads();
+  __syncthreads();  // every warp's row has landed and its c is written
   for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) {
     float s = 0.f;
 #pragma unroll
-    for (int k = 0; k < kNW; ++k) s += s_part[k * E + e];
+    for (int k = 0; k < kNW; ++k)
+      if (k < rows) s = fmaf(__uint_as_float(std::uint32_t(s_rows[k * E + e]) << 16), s_c[k], s);
     s = fminf(fmaxf(s, -kRouteFixedClamp), kRouteFixedClamp);  // NaN takes a bound (h's NaN reaches the output anyway)
     atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
     if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
@@ -1143,7 +1129,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   [[maybe_unused]] float rg = 0.f;  // kRoute: the row's norm weight
   if constexpr (kRoute) {
     if (t < total) {  // one matrix: row t (the launcher checks)
-      route_row_copy(a.route, t, xs + xs_floats(staged_elems<P>(a.m[0])));
+      route_row_copy(a.route, t, reinterpret_cast<std::uint16_t*>(xs + xs_floats(staged_elems<P>(a.m[0]))));
       rg = __ldg(a.route.norm_w + t);
     }
     cp_async_commit();
@@ -1194,7 +1180,11 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   };
   if constexpr (kOne) {
     float const v = t < total ? finish(t, ci, r0) : 0.f;
-    if constexpr (kRoute) route_publish<kBW>(a.route, t < total, v * rg, xs + xs_floats(staged_elems<P>(a.m[0])));
+    if constexpr (kRoute) {
+      std::int64_t const first = std::int64_t(blockIdx.x) * kBW, rows = total - first < kBW ? total - first : kBW;
+      route_publish<kBW>(a.route, int(rows), v * rg,
+                         reinterpret_cast<std::uint16_t const*>(xs + xs_floats(staged_elems<P>(a.m[0]))));
+    }
     trace_end(a.trace);
     argmax_publish<kBW>(am, best);
     return;
@@ -1611,7 +1601,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
           return cudaErrorNotSupported;
         } else {
           if (!(bw > 0 && ku == 8 && full && !h16) || am.key || !route_split_args_ok(a)) return cudaErrorNotSupported;
-          std::size_t const part = std::size_t(bw) * std::size_t(a.route.experts) * sizeof(float);
+          std::size_t const part = std::size_t(bw) * std::size_t(a.route.experts) * 2;  // the warps' BF16 rows
           return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10, true>, 10, part)
                           : one(matvec_lane_kernel<K, 8, 2, true, false, 12, true>, 12, part);
         }
