@@ -274,6 +274,10 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
                    kernels::RouteSplit const& route = {}) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
+  std::int64_t const cols = list.begin()->m->cols;
+  require(pa.kind != Prologue::kHeadScale ||
+              (pa.head_ss && pa.ss_parts >= 1 && pa.head > 0 && cols % pa.head == 0),
+          ErrorCode::kInternal, "matvec: the head-scale prologue needs each head's partial sums");
   if (route.wt) {
     ModelMatrix const& m = *list.begin()->m;
     require(list.size() == 1 && m.format == MatFormat::kFp8Block && fast_rows(m) && route.experts > 0,
@@ -290,10 +294,6 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
     check(kernels::launch_matvec_args<quant::Fp8Block>(a, x, pa, {}, st), "matvec with the router epilogue");
     return;
   }
-  std::int64_t const cols = list.begin()->m->cols;
-  require(pa.kind != Prologue::kHeadScale ||
-              (pa.head_ss && pa.ss_parts >= 1 && pa.head > 0 && cols % pa.head == 0),
-          ErrorCode::kInternal, "matvec: the head-scale prologue needs each head's partial sums");
   bool done[kMax] = {};
   std::size_t i0 = 0;
   for (auto const& first : list) {
