@@ -121,15 +121,18 @@ fi
 
 # 4. benchmarks
 if [ $BENCH = 1 ]; then
+  # LING_BENCH_FILTER: a Google Benchmark filter for bench/cuda_* (default: every benchmark)
   for b in $BUILD/bench/cuda_*; do
     [ -x "$b" ] || continue
     name=$(basename "$b")
-    "$b" --benchmark_min_time=0.2 >"$OUT/bench-$name.log" 2>&1; note "bench $name: rc=$?"
+    "$b" --benchmark_min_time=0.2 ${LING_BENCH_FILTER:+--benchmark_filter="$LING_BENCH_FILTER"} >"$OUT/bench-$name.log" 2>&1
+    note "bench $name: rc=$?"
   done
   # probes (answered in sessions 20, 21, 28, 29 and 31, docs/performance.md): with LING_PROBES=1, region_chain, ring_chain,
-  # tma_box, matvec_wg, wgmma_rate, sm_service, moe_pattern, select_chain, tile_landing and wgmma_decode
-  for p in ${LING_PROBES:+region_chain ring_chain tma_box matvec_wg wgmma_rate sm_service moe_pattern select_chain tile_landing \
-      wgmma_decode}; do
+  # tma_box, matvec_wg, wgmma_rate, sm_service, moe_pattern, select_chain, tile_landing and wgmma_decode; LING_PROBE_LIST
+  # names the probes to run instead (session 33's split_sums and flag_chain are run only that way)
+  for p in ${LING_PROBE_LIST:-${LING_PROBES:+region_chain ring_chain tma_box matvec_wg wgmma_rate sm_service moe_pattern \
+      select_chain tile_landing wgmma_decode}}; do
     [ -x $BUILD/bench/$p ] || continue
     timeout 120 $BUILD/bench/$p >"$OUT/probe-$p.log" 2>&1; note "probe $p: rc=$? (probe-$p.log)"
   done
