@@ -221,8 +221,8 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
 // - The outputs y: the same bits as the launch without the epilogue.
 // - The sums against a double sum over the launch's own outputs, relative to Σ|terms| (NaN fails).
 // - The other layer's sums (route.zero) zeroed at the strided slots only; a second launch gives the same bits.
-// - Experts not a multiple of 16 (136: lane 8 has one half), strides 1 and 4; refusals where the one-row blocks do not
-//   run (1000 rows) or the experts do not fit (100, 520).
+// - Experts not a multiple of 16 (136: a router row of 272 bytes, 17 cp.async pieces), strides 1 and 4; refusals where
+//   the one-row blocks do not run (1000 rows) or the experts do not fit (100, 520).
 TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y over the launch's outputs") {
   LING_REQUIRE_GPU();
   std::int64_t const rows = 2560, cols = 4096;

@@ -1569,7 +1569,8 @@ inline bool matvec_row_lane_enabled() {
 inline bool route_split_args_ok(MultiArgs const& a) {
   RouteSplit const& r = a.route;
   return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
-         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0;
+         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 && r.zero != r.acc &&
+         (a.task_begin[1] + 9) / 10 < 512;  // blocks of at least 10 rows: fewer than 512 partials per sum (kRouteFixedClamp)
 }
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>

@@ -288,7 +288,7 @@ struct InputPrologue {
 // every run whatever the blocks' order; fp32 atomics would not be. docs/kernels.md "The router's logits split over
 // o_proj".
 inline constexpr float kRouteFixedOne = 4294967296.0f;  // 2^32 units per 1.0
-inline constexpr float kRouteFixedClamp = 4194304.0f;  // |block partial| clamped to 2^22: 2^54 units, 512 blocks < 2^63
+inline constexpr float kRouteFixedClamp = 4194304.0f;  // |block partial| ≤ 2^22: 2^54 units; < 512 blocks stay < 2^63
 inline constexpr int kRouteMaxExperts = 512;           // 16 experts per lane: two 16-byte loads per row
 struct RouteSplit {
   void const* wt = nullptr;            // [rows][experts] BF16, the router transposed; null: no router epilogue

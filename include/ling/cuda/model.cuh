@@ -488,13 +488,6 @@ class CudaModel {
         stack(un, I, D, fu, f.u_w, f.u_s, f.gu_sw, f.gu_ss);
         stack(dn, D, I, fd, f.d_w, f.d_s, f.d_sw, f.d_ss);
         f.mma = moe_mma_ && f.routed == MatFormat::kMxfp4;
-        ModelMatrix const& om = l.mla ? l.m.dense : l.k.o;  // the launch before the MoE, whose blocks add the sums
-        if (opt_.router_in_oproj && !f.mma && ops::fused_router_enabled() && f.router.format == MatFormat::kBf16 &&
-            E % 8 == 0 && E <= kRouteMaxExperts && om.format == MatFormat::kFp8Block && ops::fast_rows(om) &&
-            om.rows == D && kernels::matvec_route_split_fits(om.rows, om.cols)) {
-          f.split = nsplit++;
-          f.router_t = arena_.take(std::size_t(D * E) * 2);
-        }
         require(fu == f.routed && fd == f.routed, ErrorCode::kShape, m + "experts: gate/up/down must share one format");
         f.expert_bytes = double(2 * (f.gu_sw + f.gu_ss) + f.d_sw + f.d_ss);
         if (c.shared_width() > 0) {
@@ -503,6 +496,16 @@ class CudaModel {
           f.su = mat(m + "shared_experts.up_proj.weight", Is, D, WeightKind::kDense);
           f.sd = mat(m + "shared_experts.down_proj.weight", D, Is, WeightKind::kDense);
           require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
+        }
+        // router_in_oproj: the launch before the MoE (o_proj, MLA dense) adds the logits' sums, which launch A takes
+        // (both sides' conditions; where either fails the layer keeps the router rows in launch A)
+        ModelMatrix const& om = l.mla ? l.m.dense : l.k.o;
+        if (opt_.router_in_oproj && !f.mma && ops::fused_router_enabled() && f.router.format == MatFormat::kBf16 &&
+            E % 8 == 0 && E <= kRouteMaxExperts && om.format == MatFormat::kFp8Block && ops::fast_rows(om) &&
+            om.rows == D && kernels::matvec_route_split_fits(om.rows, om.cols) &&
+            ops::moe_split_fits(f.routed, f.sg.format, c.shared_width() > 0, prologue_flags(), int(E))) {
+          f.split = nsplit++;
+          f.router_t = arena_.take(std::size_t(D * E) * 2);
         }
         act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
       } else {

@@ -433,6 +433,15 @@ struct MoeArgs {
   bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
 };
 
+// Whether MoE launch A can take the router's split sums (MoeArgs::route_acc) for experts in `routed` and a shared
+// expert in `shared` (none: shared_inter 0), with the model's prologue flags: what the model checks at load before it
+// splits a layer, so that a layer it cannot split keeps the router rows in launch A instead of failing at the first step.
+inline bool moe_split_fits(MatFormat routed, MatFormat shared, bool has_shared, int prologue_flags, int experts) {
+  return routed == MatFormat::kMxfp4 && (!has_shared || shared == MatFormat::kFp8Block) &&
+         (prologue_flags & PrologueArgs::kFusedWeights) && experts <= kernels::kRouteAhead * 16 * 32 &&
+         kernels::moe_split_switches_ok();
+}
+
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
 // block FP8 (generic kernel when its rows are not whole chunks). Without routed experts (dense MLP) the routed
 // format is irrelevant.

@@ -1846,6 +1846,14 @@ inline bool moe_wg_a_fits(MoeArgs const& a, StreamPlan const& sp, int blocks) {
   return true;
 }
 
+// Whether launch A can take the router's split sums (MoeArgs::route_acc: its kSplit instance) under the switches read
+// at launch: the streamed int8 path with the biased lookup on 16 warps. The formats (MXFP4 experts, FP8-block or no
+// shared expert), the fused RMSNorm staging (stage_input_fits_rms) and the stream plan are the launch's own checks; the
+// model checks the formats and the prologue flags at load too (ops::moe_split_fits).
+inline bool moe_split_switches_ok() {
+  return moe_stream_mode() >= 1 && moe_q8_mode() >= 1 && moe_q8u_on() && moe_stream_warps_a() == 16;
+}
+
 // Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
 // 16-byte aligned rows); false: not launched.
 template <class PE, class PS>
@@ -1889,7 +1897,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       return true;
     };
     if (a.route_acc) {  // the logits' split sums: the kSplit instance (16 warps, biased lookup), or no launch at all
-      bool const ok = biased && warps == 16 && !a.router.data && a.route.logits && a.route_ahead &&
+      bool const ok = moe_split_switches_ok() && !a.router.data && a.route.logits && a.route_ahead &&
                       a.route.experts <= kRouteAhead * 16 * 32 && stage_input_fits_rms(u, pro);
       if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
       return true;
