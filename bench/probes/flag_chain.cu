@@ -38,6 +38,8 @@ __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
 template <int kMode>
 __global__ void __launch_bounds__(256) link(int i, float* vals, unsigned* flags, uint4 const* p, std::size_t rows,
                                             unsigned* sink) {
+  // the trigger first: launch i + 1 starts only once every block of launch i is resident, so a spinning block never
+  // holds an SM that a block it waits for still needs (after the spin, the chain could deadlock)
   ling::cuda::kernels::pdl_trigger();
   int const G = int(gridDim.x), b = int(blockIdx.x);
   if (i > 0) {
