@@ -1634,8 +1634,8 @@ inline bool matvec_pipe_enabled() {
 // Whether a block-FP8 matvec of `rows` rows and `cols` columns would run matvec_lane_kernel's one-row instances, the
 // only ones with the router epilogue (the same choice as launch_matvec_pipe's; the caller then sets MultiArgs::route).
 inline bool matvec_route_split_fits(std::int64_t rows, std::int64_t cols) {
-  return cols % 16 == 0 && pipe_unroll(cols / 16) == 8 && cols == 512 * 8 && matvec_pipe_enabled() &&
-         matvec_lane_enabled() && !matvec_fp8_h16() && matvec_lane_one_warps(rows) > 0;
+  return cols == 512 * 8 && matvec_pipe_enabled() && matvec_lane_enabled() && !matvec_fp8_h16() &&
+         matvec_lane_one_warps(rows) > 0;  // 4096 FP8 columns: whole rows of 8 chunks per lane (ku 8, full)
 }
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never

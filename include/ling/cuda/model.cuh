@@ -257,7 +257,7 @@ class CudaModel {
     require(c.family == Family::kLing, ErrorCode::kUnsupported,
             c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
     require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
-    if (char const* e = std::getenv("LING_ROUTER_OPROJ"); e && *e) opt_.router_in_oproj = std::atoi(e) != 0;
+    opt_.router_in_oproj = env_int("LING_ROUTER_OPROJ", opt_.router_in_oproj ? 1 : 0) != 0;
     route_stride_ = std::max(1, env_int("LING_ROUTE_ACC_STRIDE", 4));  // sums this many 8-byte words apart (A/B)
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);

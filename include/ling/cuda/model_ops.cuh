@@ -278,22 +278,9 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
   require(pa.kind != Prologue::kHeadScale ||
               (pa.head_ss && pa.ss_parts >= 1 && pa.head > 0 && cols % pa.head == 0),
           ErrorCode::kInternal, "matvec: the head-scale prologue needs each head's partial sums");
-  if (route.wt) {
-    ModelMatrix const& m = *list.begin()->m;
-    require(list.size() == 1 && m.format == MatFormat::kFp8Block && fast_rows(m) && route.experts > 0,
-            ErrorCode::kInternal, "matvec: the router epilogue needs one block-FP8 matrix");
-    kernels::MultiArgs a{};
-    a.count = 1;
-    a.m[0] = matrix_args(m);
-    a.out[0] = list.begin()->out;
-    a.residual[0] = list.begin()->residual;
-    a.task_begin[1] = m.rows;  // block FP8: one row per task
-    a.row_begin[1] = m.rows;
-    a.trace = trace_next();
-    a.route = route;
-    check(kernels::launch_matvec_args<quant::Fp8Block>(a, x, pa, {}, st), "matvec with the router epilogue");
-    return;
-  }
+  ModelMatrix const& m0 = *list.begin()->m;
+  require(!route.wt || (list.size() == 1 && m0.format == MatFormat::kFp8Block && fast_rows(m0) && route.experts > 0),
+          ErrorCode::kInternal, "matvec: the router epilogue needs one block-FP8 matrix");
   bool done[kMax] = {};
   std::size_t i0 = 0;
   for (auto const& first : list) {
@@ -303,7 +290,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
     with_policy(f, fast, [&](auto p) {
       using P = decltype(p);
       constexpr bool kFp8 = std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>;
-      bool const mma = kFp8 && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
+      bool const mma = kFp8 && !route.wt && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
       int const NR = mma ? 16 : kernels::kMatvecRows<P>;  // the tensor-core kernel's tasks are 16-row tiles
       kernels::MultiArgs a{};
       std::size_t k = 0;
@@ -320,6 +307,13 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
       a.trace = trace_next();
+      if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+        if (route.wt) {  // the router epilogue: launch_matvec_args's one-row instances only (else it refuses)
+          a.route = route;
+          check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec with the router epilogue");
+          return;
+        }
+      }
       if (mma) {
         check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
         return;
