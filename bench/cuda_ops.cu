@@ -17,6 +17,7 @@
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/lm_head.cuh"
 #include "ling/cuda/moe.cuh"
+#include "ling/cuda/random_weights.cuh"
 #include "ling/cuda/router.cuh"
 
 using namespace ling;
@@ -152,18 +153,20 @@ void BM_MatvecRoute(benchmark::State& state, std::int64_t rows, std::int64_t col
   auto probe = DeviceMatrix<P>::allocate(rows, cols);
   double const bytes = double(probe.bytes_per_matrix()) + double(rows) * experts * 2;
   int const copies = copies_for(bytes);
-  int const stride = std::max(1, env_int("LING_ROUTE_ACC_STRIDE", 4));
+  int const stride = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 4), 1, 64);
   std::vector<DeviceMatrix<P>> w;
   std::vector<DeviceBuffer> wt;
   for (int i = 0; i < copies; ++i) {
     w.push_back(random_device_matrix<P>(rows, cols));
     wt.emplace_back(std::size_t(rows) * std::size_t(experts) * 2);
-    fill_bytes<<<1024, 256>>>(wt.back().data<std::uint8_t>(), wt.back().bytes(), 0xC0FFEEull + std::uint64_t(i));
+    // router-like values (no NaN or Inf bytes, which would take the epilogue's clamp at every sum)
+    rnd::fill_bf16_values(wt.back().data<std::uint16_t>(), rows * experts, 0xC0FFEEull + std::uint64_t(i), 0.02f);
   }
   check(cudaGetLastError(), "fill");
   std::size_t const slots = std::size_t(experts) * std::size_t(stride);
   DeviceBuffer acc(2 * slots * 8);
   check(cudaMemset(acc.data(), 0, acc.bytes()), "zero");
+  check(cudaDeviceSynchronize(), "fills");  // the fills (legacy stream) before the graph's non-blocking stream
   DVec x{std::size_t(cols)}, y{std::size_t(rows)}, g{std::size_t(rows)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
     RouteSplit r;

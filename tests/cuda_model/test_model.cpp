@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -216,24 +217,68 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
 // one-row o_proj kernel that carries the router epilogue), 6 layers: layers 2-4 (KDA o_proj) and 5 (MLA dense) split
 // their router's logits, launch A selects from the fixed-point sums times its own 1 / rms.
 // - Against the router rows in launch A, fed the same tokens: the logits differ only by the sums' order and the
-//   scaling's rounding (~1e-7 relative), so every step within 1e-4 unless a routing near tie flips an expert (this
-//   seed was chosen without one; a flip would show as a jump at one step and after). A sum never zeroed, or zeroed
-//   before launch A read it, changes the picks from the second step on.
+//   scaling's rounding (~1e-7 relative), so every step within 1e-4 unless a routing near tie flips an expert (not
+//   yet run on a GPU: should a seed meet such a tie, it shows as a jump at one step and after, and another seed is
+//   the remedy). A sum never zeroed, or zeroed before launch A read it, changes the picks from the second step on.
 // - Graph replay and eager launches: bit-identical (the 64-bit fixed-point sums do not depend on the blocks' order).
+// - 256 and 136 experts (8 groups of 32 and 17; 4 steps each): launch A's selection then takes its fallback path, which
+//   the split's logits reach only here.
 TEST_CASE("router logits split over o_proj select as the router rows in launch A (Ling-3.0-flash widths, 6 layers)") {
   if (!ling::cuda::device_available()) return;
+  unsetenv("LING_ROUTER_OPROJ");  // the options decide here (the environment would override them)
+  unsetenv("LING_ROUTE_FLAG");
+  using ling::test_gpu::FlashRun;
+  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
+  for (int experts : {512, 256, 136}) {
+    CAPTURE(experts);
+    int const steps = experts == 512 ? 12 : 4;
+    std::uint64_t const seed = 4242 + std::uint64_t(experts);
+    auto const base =
+        ling::test_gpu::flash_random_steps(cfg, 6, seed, FlashRun{false, false, true, experts}, steps, 1000);
+    REQUIRE(base.split_layers == 0);
+    auto const split = ling::test_gpu::flash_random_steps(cfg, 6, seed, FlashRun{true, false, true, experts}, steps,
+                                                          1000, &base.picks);
+    CHECK(split.split_layers == 4);
+    REQUIRE(split.logits.size() == std::size_t(steps));
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(rel_l2(split.logits[std::size_t(s)], base.logits[std::size_t(s)]) < 1e-4);  // NaN fails
+    }
+    if (experts != 512) continue;
+    auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, seed, FlashRun{true, false, false, experts}, steps,
+                                                          1000, &base.picks);
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(split.logits[std::size_t(s)] == eager.logits[std::size_t(s)]);
+    }
+  }
+}
+
+// The split's flag (CudaModelOptions::router_flag) changes only how launch A waits for the sums, not what it reads: the
+// fixed-point sums are the same bits whatever the order of the blocks, so every step equals the split without the flag
+// bit for bit, graph and eager. Twelve steps re-arm each layer's flag twelve times (the next splitting layer zeroes
+// it).
+TEST_CASE("router split's flag: launch A awaiting o_proj's flag equals the split with the PDL wait, bit for bit") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_ROUTER_OPROJ");
+  unsetenv("LING_ROUTE_FLAG");
+  using ling::test_gpu::FlashRun;
   std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
   int const steps = 12;
-  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4242, false, true, steps, 1000);
-  REQUIRE(base.split_layers == 0);
-  auto const split = ling::test_gpu::flash_random_steps(cfg, 6, 4242, true, true, steps, 1000, &base.picks);
-  CHECK(split.split_layers == 4);
-  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4242, true, false, steps, 1000, &base.picks);
-  REQUIRE(split.logits.size() == std::size_t(steps));
-  for (int s = 0; s < steps; ++s) {
-    CAPTURE(s);
-    CHECK(rel_l2(split.logits[std::size_t(s)], base.logits[std::size_t(s)]) < 1e-4);  // NaN fails
-    CHECK(split.logits[std::size_t(s)] == eager.logits[std::size_t(s)]);
+  auto const split = ling::test_gpu::flash_random_steps(cfg, 6, 4243, FlashRun{true, false, true, 0}, steps, 2000);
+  REQUIRE(split.split_layers == 4);
+  CHECK(!split.flag);
+  for (bool graph : {true, false}) {
+    CAPTURE(graph);
+    auto const flag =
+        ling::test_gpu::flash_random_steps(cfg, 6, 4243, FlashRun{true, true, graph, 0}, steps, 2000, &split.picks);
+    CHECK(flag.flag);
+    REQUIRE(flag.logits.size() == std::size_t(steps));
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      CHECK(std::isfinite(flag.logits[std::size_t(s)][0]));
+      CHECK(flag.logits[std::size_t(s)] == split.logits[std::size_t(s)]);
+    }
   }
 }
 

@@ -221,8 +221,97 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
 // - The outputs y: the same bits as the launch without the epilogue.
 // - The sums against a double sum over the launch's own outputs, relative to Σ|terms| (NaN fails).
 // - The other layer's sums (route.zero) zeroed at the strided slots only; a second launch gives the same bits.
+// - The second launch with the sums' flag (route.done): the same bits, the flag at exactly 2^32 (the blocks'
+//   grid_round increments) and the other layer's flag (route.zero_done) zeroed.
 // - Experts not a multiple of 16 (136: a router row of 272 bytes, 17 cp.async pieces), strides 1 and 4; refusals where
 //   the one-row blocks do not run (1000 rows) or the experts do not fit (100, 520).
+// - Row counts that take the 12-warp instance and a last block with fewer rows than warps (its empty warps copy no
+//   router row and publish nothing): 2 · SMs · 10 − 5 and 2 · SMs · 12 − 11 rows (matvec_lane_one_warps).
+namespace {
+void check_route_split(cuda::DeviceMatrix<quant::Fp8Block> const& dm, DeviceVec const& dx, std::vector<float> const& g,
+                       DeviceVec const& dg, DeviceVec const& dres, int E, int stride) {
+  std::int64_t const rows = dm.rows();
+  CAPTURE(rows);
+  CAPTURE(E);
+  CAPTURE(stride);
+  DeviceVec plain{std::size_t(rows)};
+  REQUIRE(cuda::launch_matvec(dm, dx.data(), plain.data(), nullptr, {dres.data()}) == cudaSuccess);
+  device_sync();
+  auto const y0 = plain.get();
+  std::vector<float> const w = randn(std::size_t(rows * E), 0.02f);  // wt[i][e]
+  std::vector<std::uint16_t> wt(w.size());
+  for (std::size_t k = 0; k < w.size(); ++k) wt[k] = bf16_from_float(w[k]).bits;
+  std::size_t const slots = std::size_t(E) * std::size_t(stride);
+  cuda::DeviceBuffer dwt(wt.size() * 2), acc(slots * 8), other(slots * 8), flags(32 * 8);
+  dwt.upload(wt.data(), wt.size() * 2);
+  std::uint64_t flag_words[32] = {};
+  auto run = [&](std::vector<float>& y, std::vector<std::uint64_t>& sums, std::vector<std::uint64_t>& zeroed,
+                 bool flag = false) {
+    cuda::check(cudaMemset(acc.data(), 0, slots * 8), "zero");
+    cuda::check(cudaMemset(other.data(), 0xAB, slots * 8), "fill");
+    cuda::check(cudaMemset(flags.data(), 0, 16 * 8), "zero the flag");
+    cuda::check(cudaMemset(flags.data<unsigned long long>() + 16, 0xCD, 16 * 8), "fill the other flag");
+    DeviceVec dy{std::size_t(rows)};
+    cuda::RouteSplit r;
+    r.wt = dwt.data();
+    r.norm_w = dg.data();
+    r.acc = acc.data<unsigned long long>();
+    r.zero = other.data<unsigned long long>();
+    r.experts = E;
+    r.stride = stride;
+    if (flag) {
+      r.done = flags.data<unsigned long long>();
+      r.zero_done = flags.data<unsigned long long>() + 16;
+    }
+    REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r, nullptr) ==
+            cudaSuccess);
+    device_sync();
+    y = dy.get();
+    flags.download(flag_words, sizeof flag_words);
+    sums.resize(slots);
+    zeroed.resize(slots);
+    acc.download(sums.data(), slots * 8);
+    other.download(zeroed.data(), slots * 8);
+  };
+  std::vector<float> y, y2;
+  std::vector<std::uint64_t> sums, sums2, zeroed, zeroed2;
+  run(y, sums, zeroed);
+  CHECK(same_bits(y, y0));
+  double e2 = 0, t2 = 0;
+  for (int e = 0; e < E; ++e) {
+    double ref = 0, terms = 0;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      double const v = double(to_float(Bfloat16{wt[std::size_t(i * E + e)]})) * g[std::size_t(i)] * y[std::size_t(i)];
+      ref += v;
+      terms += std::abs(v);
+    }
+    double const got = double(static_cast<std::int64_t>(sums[std::size_t(e) * std::size_t(stride)])) / 4294967296.0;
+    e2 += (got - ref) * (got - ref);
+    t2 += terms * terms;
+  }
+  CHECK(std::sqrt(e2 / t2) < 1e-6);
+  bool zero_ok = true, gaps_ok = true;
+  for (std::size_t k = 0; k < slots; ++k) {
+    if (k % std::size_t(stride) == 0)
+      zero_ok = zero_ok && zeroed[k] == 0;
+    else
+      gaps_ok = gaps_ok && zeroed[k] == 0xABABABABABABABABull && sums[k] == 0;
+  }
+  CHECK(zero_ok);
+  CHECK(gaps_ok);
+  CHECK(flag_words[0] == 0);  // no flag asked: untouched
+  CHECK(flag_words[16] == 0xCDCDCDCDCDCDCDCDull);
+  run(y2, sums2, zeroed2, true);
+  CHECK(same_bits(y2, y));
+  CHECK(sums2 == sums);
+  CHECK(zeroed2 == zeroed);
+  CHECK(flag_words[0] == (std::uint64_t(1) << 32));
+  CHECK(flag_words[1] == 0);  // the flag's neighbours untouched
+  CHECK(flag_words[16] == 0);
+  CHECK(flag_words[17] == 0xCDCDCDCDCDCDCDCDull);
+}
+}  // namespace
+
 TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y over the launch's outputs") {
   LING_REQUIRE_GPU();
   std::int64_t const rows = 2560, cols = 4096;
@@ -232,70 +321,22 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
   std::vector<float> g = randn(std::size_t(rows), 0.1f);
   for (float& v : g) v += 1.f;
   DeviceVec dx(x), dres(res), dg(g);
-  DeviceVec plain{std::size_t(rows)};
-  REQUIRE(cuda::launch_matvec(dm, dx.data(), plain.data(), nullptr, {dres.data()}) == cudaSuccess);
-  device_sync();
-  auto const y0 = plain.get();
-  for (int E : {512, 256, 136}) {
-    for (int stride : {1, 4}) {
-      CAPTURE(E);
-      CAPTURE(stride);
-      std::vector<float> const w = randn(std::size_t(rows * E), 0.02f);  // wt[i][e]
-      std::vector<std::uint16_t> wt(w.size());
-      for (std::size_t k = 0; k < w.size(); ++k) wt[k] = bf16_from_float(w[k]).bits;
-      std::size_t const slots = std::size_t(E) * std::size_t(stride);
-      cuda::DeviceBuffer dwt(wt.size() * 2), acc(slots * 8), other(slots * 8);
-      dwt.upload(wt.data(), wt.size() * 2);
-      auto run = [&](std::vector<float>& y, std::vector<std::uint64_t>& sums, std::vector<std::uint64_t>& zeroed) {
-        cuda::check(cudaMemset(acc.data(), 0, slots * 8), "zero");
-        cuda::check(cudaMemset(other.data(), 0xAB, slots * 8), "fill");
-        DeviceVec dy{std::size_t(rows)};
-        cuda::RouteSplit r;
-        r.wt = dwt.data();
-        r.norm_w = dg.data();
-        r.acc = acc.data<unsigned long long>();
-        r.zero = other.data<unsigned long long>();
-        r.experts = E;
-        r.stride = stride;
-        REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r,
-                                                nullptr) == cudaSuccess);
-        device_sync();
-        y = dy.get();
-        sums.resize(slots);
-        zeroed.resize(slots);
-        acc.download(sums.data(), slots * 8);
-        other.download(zeroed.data(), slots * 8);
-      };
-      std::vector<float> y, y2;
-      std::vector<std::uint64_t> sums, sums2, zeroed, zeroed2;
-      run(y, sums, zeroed);
-      CHECK(same_bits(y, y0));
-      double e2 = 0, t2 = 0;
-      for (int e = 0; e < E; ++e) {
-        double ref = 0, terms = 0;
-        for (std::int64_t i = 0; i < rows; ++i) {
-          double const v =
-              double(to_float(Bfloat16{wt[std::size_t(i * E + e)]})) * g[std::size_t(i)] * y[std::size_t(i)];
-          ref += v;
-          terms += std::abs(v);
-        }
-        double const got = double(static_cast<std::int64_t>(sums[std::size_t(e) * std::size_t(stride)])) / 4294967296.0;
-        e2 += (got - ref) * (got - ref);
-        t2 += terms * terms;
-      }
-      CHECK(std::sqrt(e2 / t2) < 1e-6);
-      bool zero_ok = true, gaps_ok = true;
-      for (std::size_t k = 0; k < slots; ++k) {
-        if (k % std::size_t(stride) == 0)
-          zero_ok = zero_ok && zeroed[k] == 0;
-        else
-          gaps_ok = gaps_ok && zeroed[k] == 0xABABABABABABABABull && sums[k] == 0;
-      }
-      CHECK(zero_ok);
-      CHECK(gaps_ok);
-      run(y2, sums2, zeroed2);
-      CHECK(same_bits(y2, y));
-      CHECK(sums2 == sums);
+  for (int E : {512, 256, 136})
+    for (int stride : {1, 4}) check_route_split(dm, dx, g, dg, dres, E, stride);
+  {
+    int sms = 0;
+    REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+    struct Odd {
+      std::int64_t rows;
+      int E, stride;
+    };
+    for (Odd const o : {Odd{2 * std::int64_t(sms) * 10 - 5, 136, 1}, Odd{2 * std::int64_t(sms) * 12 - 11, 512, 4}}) {
+      auto const m =
+          cuda::DeviceMatrix<quant::Fp8Block>::upload(random_matrix<quant::Fp8Block>(o.rows, cols, 0.05f).view());
+      std::vector<float> gn = randn(std::size_t(o.rows), 0.1f);
+      for (float& v : gn) v += 1.f;
+      DeviceVec dgn(gn), dresn(randn(std::size_t(o.rows)));
+      check_route_split(m, dx, gn, dgn, dresn, o.E, o.stride);
     }
   }
   // refusals: no one-row blocks (1000 rows), experts not a multiple of 8 or above 512
@@ -310,6 +351,14 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
   r.experts = 512;
   CHECK(cuda::launch_matvec_route_split(small, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
         cudaErrorNotSupported);
+  r.done = r.zero_done = acc.data<unsigned long long>() + 8;  // the flag the same as the one it zeroes
+  CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
+        cudaErrorNotSupported);
+  r.done = r.zero_done = nullptr;
+  r.zero = acc.data<unsigned long long>() + 8;  // sums to zero overlapping the sums added to
+  CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
+        cudaErrorNotSupported);
+  r.zero = nullptr;
   for (int bad : {100, 520}) {
     r.experts = bad;
     CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==

@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "ling/cuda/async_copy.cuh"
+#include "ling/cuda/grid_round.hpp"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/runtime.hpp"
@@ -1073,6 +1074,7 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
 // across the wait (the row in registers made the 12-warp instance spill). route_publish, after the rows' outputs y_i:
 // each warp's c = g_i y_i, then thread e sums its expert over the block's rows in a fixed order (warp 0, 1, ...) and
 // adds one 64-bit atomic per expert. Warps past the matrix's last row hold no row (their slices are never read).
+// With RouteSplit::done, a block barrier after the atomics and one release add of the block's grid_round increment.
 __device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, std::uint16_t* s_rows) {
   std::uint16_t* const mine = s_rows + (threadIdx.x >> 5) * rs.experts;
   warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
@@ -1094,6 +1096,14 @@ __device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, fl
     s = fminf(fmaxf(s, -kRouteFixedClamp), kRouteFixedClamp);  // NaN takes a bound (h's NaN reaches the output anyway)
     atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
     if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
+  }
+  if (rs.done) {  // the sums' flag: every thread's atomics (and the block's outputs) before thread 0's release add
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
+      asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(rs.done), "l"(inc) : "memory");
+      if (rs.zero_done && blockIdx.x == 0) *rs.zero_done = 0ull;
+    }
   }
 }
 
@@ -1569,8 +1579,12 @@ inline bool matvec_row_lane_enabled() {
 inline bool route_split_args_ok(MultiArgs const& a) {
   RouteSplit const& r = a.route;
   return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
-         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 && r.zero != r.acc &&
-         (a.task_begin[1] + 9) / 10 < 512;  // blocks of at least 10 rows: fewer than 512 partials per sum (kRouteFixedClamp)
+         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 &&
+         (!r.zero || r.zero + std::int64_t(r.experts) * r.stride <= r.acc ||
+          r.acc + std::int64_t(r.experts) * r.stride <= r.zero) &&  // the sums zeroed apart from the sums added to
+         (!r.done || (r.done != r.zero_done && (reinterpret_cast<std::uintptr_t>(r.done) & 7u) == 0)) &&
+         // blocks of at least 10 rows: fewer than 512 partials per sum (kRouteFixedClamp)
+         (a.task_begin[1] + 9) / 10 < 512;
 }
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>

@@ -288,14 +288,24 @@ struct InputPrologue {
 // every run whatever the blocks' order; fp32 atomics would not be. docs/kernels.md "The router's logits split over
 // o_proj".
 inline constexpr float kRouteFixedOne = 4294967296.0f;  // 2^32 units per 1.0
-inline constexpr float kRouteFixedClamp = 4194304.0f;  // |block partial| ≤ 2^22: 2^54 units; < 512 blocks stay < 2^63
-inline constexpr int kRouteMaxExperts = 512;           // 16 experts per lane: two 16-byte loads per row
+// A block's partial is clamped to ±kRouteFixedClamp (|partial| ≤ 2^22: 2^54 units; < 512 blocks stay < 2^63). So a
+// non-finite partial becomes a finite bound: NaN in h still gives NaN logits (launch A's 1 / rms is NaN), but +Inf in
+// h gives 1 / rms = 0, logits of ±0 and picks from the bias alone, where the router rows give NaN logits; the MoE's
+// outputs are NaN either way (h reaches them). A NaN or Inf in the router or g alone is clamped silently.
+inline constexpr float kRouteFixedClamp = 4194304.0f;
+inline constexpr int kRouteMaxExperts = 512;  // launch A's RouteAhead: kRouteAhead (2) experts per thread of 256+
 struct RouteSplit {
   void const* wt = nullptr;            // [rows][experts] BF16, the router transposed; null: no router epilogue
   float const* norm_w = nullptr;       // [rows] the MoE input's RMSNorm weight g
   unsigned long long* acc = nullptr;   // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
   unsigned long long* zero = nullptr;  // another layer's sums (read by a launch that has ended): block 0 zeroes them
   int experts = 0, stride = 1;
+  // The sums' flag (optional; null: none): once a block's sums are added, its thread 0 adds grid_round::increment to
+  // *done with release semantics (gpu scope), so the counter reaches 2^32 from zero exactly when every block's sums,
+  // and its outputs, are visible; MoE launch A can then await the flag instead of the PDL wait (MoeArgs::route_done).
+  // zero_done: another layer's flag (its reader has ended), zeroed by block 0 with `zero`.
+  unsigned long long* done = nullptr;
+  unsigned long long* zero_done = nullptr;
 };
 
 // y = W · prologue(x) + residual (residual may alias y, or be null) with the router epilogue: route.acc[e · stride] +=

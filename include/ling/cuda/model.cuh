@@ -33,10 +33,11 @@ enum class WeightKind { kEmbedding, kHead, kRouter, kDense, kExpert };
 namespace kernels {
 // dst[c][r] = src[r][c] for a rows × cols matrix of 16-bit values, through 32 × 32 tiles of shared memory (load time:
 // the routers transposed for CudaModelOptions::router_in_oproj).
+// (A template, so that the header may reach several translation units of one program, as every kernel here.)
+template <class T>
 __global__ void __launch_bounds__(256)
-    transpose_u16_kernel(std::uint16_t const* __restrict__ src, std::uint16_t* __restrict__ dst, std::int64_t rows,
-                         std::int64_t cols) {
-  __shared__ std::uint16_t tile[32][33];
+    transpose_kernel(T const* __restrict__ src, T* __restrict__ dst, std::int64_t rows, std::int64_t cols) {
+  __shared__ T tile[32][33];
   std::int64_t const c0 = std::int64_t(blockIdx.x) * 32, r0 = std::int64_t(blockIdx.y) * 32;
   int const tx = int(threadIdx.x & 31), ty = int(threadIdx.x >> 5);
   for (int i = ty; i < 32; i += 8)
@@ -49,7 +50,7 @@ __global__ void __launch_bounds__(256)
 inline void transpose_u16(std::uint16_t const* src, std::uint16_t* dst, std::int64_t rows, std::int64_t cols) {
   require(rows > 0 && cols > 0 && (rows + 31) / 32 <= 65535, ErrorCode::kInternal, "transpose: shape out of range");
   dim3 const grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32));
-  kernels::transpose_u16_kernel<<<grid, 256>>>(src, dst, rows, cols);
+  kernels::transpose_kernel<std::uint16_t><<<grid, 256>>>(src, dst, rows, cols);
   check(cudaGetLastError(), "router transpose");
 }
 
@@ -88,6 +89,8 @@ class CudaModel {
   std::size_t arena_bytes() const { return arena_.bytes(); }
   // Layers whose router logits are split over their attention output (CudaModelOptions::router_in_oproj).
   int router_split_layers() const { return nsplit_; }
+  // Whether launch A awaits the split's flag (CudaModelOptions::router_flag) instead of its PDL wait.
+  bool router_flag_on() const { return route_done_ != nullptr; }
 
   // ---- the step --------------------------------------------------------------------------------------
   // Zero caches, position 0.
@@ -258,7 +261,8 @@ class CudaModel {
             c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
     require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
     opt_.router_in_oproj = env_int("LING_ROUTER_OPROJ", opt_.router_in_oproj ? 1 : 0) != 0;
-    route_stride_ = std::max(1, env_int("LING_ROUTE_ACC_STRIDE", 4));  // sums this many 8-byte words apart (A/B)
+    opt_.router_flag = env_int("LING_ROUTE_FLAG", opt_.router_flag ? 1 : 0) != 0;
+    route_stride_ = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 4), 1, 64);  // sums this many 8-byte words apart (A/B)
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
@@ -554,6 +558,9 @@ class CudaModel {
     if (nsplit_ == 0)
       for (auto& l : layers_) l.f.split = -1;
     route_acc_ = scratch<unsigned long long>(std::int64_t(nsplit_) * c.num_experts * route_stride_);
+    // router_flag: each splitting layer's flag (RouteSplit::done) on a 128-byte line of its own, zeroed like the sums
+    route_done_ = opt_.router_flag && nsplit_ > 0 ? scratch<unsigned long long>(std::int64_t(nsplit_) * kRouteFlagWords)
+                                                  : nullptr;
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
@@ -726,6 +733,7 @@ class CudaModel {
         if (f.split >= 0) {  // the attention output's blocks computed the logits' sums (route_split)
           a.route_acc = route_sums(f.split);
           a.route_acc_stride = route_stride_;
+          if (route_done_ && !skipped(l.mla ? "mla" : "oproj")) a.route_done = route_flag(f.split);  // their flag
         } else if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
@@ -770,8 +778,13 @@ class CudaModel {
     r.zero = route_sums(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
     r.experts = int(c_.num_experts);
     r.stride = route_stride_;
+    if (route_done_) {  // router_flag: the sums' flag, and the previous splitting layer's to zero with its sums
+      r.done = route_flag(l.f.split);
+      r.zero_done = route_flag(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
+    }
     return r;
   }
+  unsigned long long* route_flag(int split) const { return route_done_ + std::int64_t(split) * kRouteFlagWords; }
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
   //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one with padded cache tiles, =3 the
@@ -851,6 +864,9 @@ class CudaModel {
   // router_in_oproj: nsplit_ layers' fixed-point logit sums, route_stride_ words apart (linear.hpp RouteSplit)
   unsigned long long* route_acc_ = nullptr;
   int nsplit_ = 0, route_stride_ = 4;
+  // router_flag: nsplit_ flags, kRouteFlagWords 8-byte words apart (null without router_flag)
+  static constexpr std::int64_t kRouteFlagWords = 16;
+  unsigned long long* route_done_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;

@@ -71,6 +71,10 @@ struct MoeArgs {
   // (no router rows, no grid barrier); launch_moe_gate_up_stream refuses the launch where that instance cannot run.
   unsigned long long const* route_acc = nullptr;
   int route_acc_stride = 1;
+  // With route_acc, optional: the sums' flag (RouteSplit::done), which launch A's kSplit instance awaits instead of the
+  // PDL wait (route_flag_wait); its PDL wait then comes at the end, so that its completion still follows the launch
+  // before's.
+  unsigned long long const* route_done = nullptr;
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -144,6 +148,28 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
       unsigned long long v;
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
       if (grid_round::reached(v, target)) break;
+      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
+    }
+  }
+  __syncthreads();
+}
+
+// MoE launch A's kSplit instance with the sums' flag (MoeArgs::route_done): instead of its PDL wait, thread 0 polls the
+// flag until every block of the launch before has added its grid_round increment (2^32 from zero: RouteSplit::done),
+// then the block barrier. Each block's release add follows its sums, its outputs and its own PDL wait, so the acquire
+// here orders them, and everything that launch had waited for, before this block's reads. The sums are read with
+// __ldcg; the staged input u (the launch before's output) with __ldg, the non-coherent path, which is safe because
+// ptxas compiles the acquire to LDG.E.64.STRONG.GPU then CCTL.IVALL (cuobjdump of the kSplit instance): the SM's L1,
+// unified with the texture path, is invalidated, so no line of u that an earlier launch left on this SM survives the
+// poll, and this block reads none before it. The launch before's blocks are all resident (PDL starts this launch only
+// once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded like
+// grid_barrier: a flag that never completes (impossible when the launch before ran with the flag) traps.
+__device__ __forceinline__ void route_flag_wait(unsigned long long const* done) {
+  if (threadIdx.x == 0) {
+    for (unsigned n = 0;; ++n) {
+      unsigned long long v;
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
+      if (grid_round::reached(v, std::uint64_t(1) << 32)) break;
       if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
     }
   }
@@ -1347,14 +1373,18 @@ __global__ void __launch_bounds__(kW * 32, 1)
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
   if (ahead) route_ahead_bias(a.route, ra);
-  pdl_wait();
+  if (kSplit && a.route_done)
+    route_flag_wait(a.route_done);  // the PDL wait comes at the end
+  else
+    pdl_wait();
   trace_mark(a.trace_a, 1);
   [[maybe_unused]] float rinv =
       0.f;  // kSplit: 1 / rms of the input (stage_input's fused RMSNorm path; the launcher checks)
   if constexpr (kSplit) {
-    route_ahead_split(a.route_acc, a.route_acc_stride, a.route.experts, ra);  // in flight while the input is staged
+    RouteRaw raw;
+    route_ahead_split(a.route_acc, a.route_acc_stride, a.route.experts, raw);  // in flight while the input is staged
     stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro, &rinv);
-    route_ahead_scale(ra, rinv);
+    route_ahead_scale(ra, raw, rinv);
   } else {
     if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
     stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
@@ -1535,6 +1565,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       issue(m + D);
     }
   }
+  if (kSplit && a.route_done) pdl_wait();  // route_flag_wait: this launch completes after the launch before it
   trace_end(a.trace_a);
 }
 
@@ -1898,6 +1929,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     if (a.route_acc) {  // the logits' split sums: the kSplit instance (16 warps, biased lookup), or no launch at all
       bool const ok = moe_split_switches_ok() && !a.router.data && a.route.logits && a.route_ahead &&
+                      (reinterpret_cast<std::uintptr_t>(a.route_done) & 7u) == 0 &&
                       a.route.experts <= kRouteAhead * 16 * 32 && stage_input_fits_rms(u, pro);
       if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
       return true;
@@ -2187,6 +2219,7 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
+  if (a.route_done && !a.route_acc) return cudaErrorInvalidValue;  // the sums' flag belongs to the split sums
   {
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
