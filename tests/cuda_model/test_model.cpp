@@ -256,8 +256,7 @@ TEST_CASE("router logits split over o_proj select as the router rows in launch A
 
 // The split's flag (CudaModelOptions::router_flag) changes only how launch A waits for the sums, not what it reads: the
 // fixed-point sums are the same bits whatever the order of the blocks, so every step equals the split without the flag
-// bit for bit, graph and eager. Twelve steps re-arm each layer's flag twelve times (the next splitting layer zeroes
-// it).
+// bit for bit, graph and eager. Twelve steps re-arm each layer's flag twelve times (the memset after each step).
 TEST_CASE("router split's flag: launch A awaiting o_proj's flag equals the split with the PDL wait, bit for bit") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_ROUTER_OPROJ");

@@ -1102,7 +1102,6 @@ __device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, fl
     if (threadIdx.x == 0) {
       std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
       asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(rs.done), "l"(inc) : "memory");
-      if (rs.zero_done && blockIdx.x == 0) *rs.zero_done = 0ull;
     }
   }
 }
@@ -1578,11 +1577,17 @@ inline bool matvec_row_lane_enabled() {
 // columns, experts a multiple of 8 up to kRouteMaxExperts, 16-byte aligned rows of wt, a sums buffer.
 inline bool route_split_args_ok(MultiArgs const& a) {
   RouteSplit const& r = a.route;
+  std::int64_t const n = std::int64_t(r.experts) * r.stride;  // 8-byte words of a sums buffer
+  // whether [p, p + np) and [q, q + nq) do not overlap (a null range overlaps nothing)
+  auto apart = [](unsigned long long const* p, std::int64_t np, unsigned long long const* q, std::int64_t nq) {
+    auto const a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
+    return !p || !q || a + std::uintptr_t(np) * 8u <= b || b + std::uintptr_t(nq) * 8u <= a;
+  };
   return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
          r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 &&
-         (!r.zero || r.zero + std::int64_t(r.experts) * r.stride <= r.acc ||
-          r.acc + std::int64_t(r.experts) * r.stride <= r.zero) &&  // the sums zeroed apart from the sums added to
-         (!r.done || (r.done != r.zero_done && (reinterpret_cast<std::uintptr_t>(r.done) & 7u) == 0)) &&
+         apart(r.zero, n, r.acc, n) &&  // the sums zeroed apart from the sums added to
+         (!r.done || ((reinterpret_cast<std::uintptr_t>(r.done) & 7u) == 0 && apart(r.done, 1, r.acc, n) &&
+                      apart(r.done, 1, r.zero, n))) &&
          // blocks of at least 10 rows: fewer than 512 partials per sum (kRouteFixedClamp)
          (a.task_begin[1] + 9) / 10 < 512;
 }

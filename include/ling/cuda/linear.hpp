@@ -300,12 +300,12 @@ struct RouteSplit {
   unsigned long long* acc = nullptr;   // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
   unsigned long long* zero = nullptr;  // another layer's sums (read by a launch that has ended): block 0 zeroes them
   int experts = 0, stride = 1;
-  // The sums' flag (optional; null: none): once a block's sums are added, its thread 0 adds grid_round::increment to
-  // *done with release semantics (gpu scope), so the counter reaches 2^32 from zero exactly when every block's sums,
-  // and its outputs, are visible; MoE launch A can then await the flag instead of the PDL wait (MoeArgs::route_done).
-  // zero_done: another layer's flag (its reader has ended), zeroed by block 0 with `zero`.
+  // The sums' flag (optional; null: none; 8-byte aligned, apart from the sums): once a block's sums are added, its
+  // thread 0 adds grid_round::increment to *done with release semantics (gpu scope), so the counter reaches 2^32 from
+  // zero exactly when every block's sums, and its outputs, are visible; MoE launch A can then await the flag instead of
+  // the PDL wait (MoeArgs::route_done). The caller zeroes it before the launch, where no reader of its last value can
+  // still run (the model: a memset after each step).
   unsigned long long* done = nullptr;
-  unsigned long long* zero_done = nullptr;
 };
 
 // y = W · prologue(x) + residual (residual may alias y, or be null) with the router epilogue: route.acc[e · stride] +=

@@ -558,9 +558,11 @@ class CudaModel {
     if (nsplit_ == 0)
       for (auto& l : layers_) l.f.split = -1;
     route_acc_ = scratch<unsigned long long>(std::int64_t(nsplit_) * c.num_experts * route_stride_);
-    // router_flag: each splitting layer's flag (RouteSplit::done) on a 128-byte line of its own, zeroed like the sums
-    route_done_ = opt_.router_flag && nsplit_ > 0 ? scratch<unsigned long long>(std::int64_t(nsplit_) * kRouteFlagWords)
-                                                  : nullptr;
+    // router_flag: each splitting layer's flag (RouteSplit::done) on a 128-byte line of its own, zeroed after each step
+    // (enqueue_step). Not with LING_SKIP=oproj or mla (measurements): a launch A would await a flag nobody raises.
+    route_done_ = opt_.router_flag && nsplit_ > 0 && !skipped("oproj") && !skipped("mla")
+                      ? scratch<unsigned long long>(std::int64_t(nsplit_) * kRouteFlagWords)
+                      : nullptr;
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
@@ -733,7 +735,7 @@ class CudaModel {
         if (f.split >= 0) {  // the attention output's blocks computed the logits' sums (route_split)
           a.route_acc = route_sums(f.split);
           a.route_acc_stride = route_stride_;
-          if (route_done_ && !skipped(l.mla ? "mla" : "oproj")) a.route_done = route_flag(f.split);  // their flag
+          if (route_done_) a.route_done = route_flag(f.split);  // their flag
         } else if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
@@ -761,6 +763,11 @@ class CudaModel {
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::trace_next() = nullptr;
     if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
+    // router_flag: the flags back to zero for the next step. A memset is a full dependency (not PDL): it starts once
+    // the whole step has completed, so no launch A still reads a flag, and the next step's launches start after it, so
+    // none reads a flag's old value (a launch A polls before its PDL wait, so only a full dependency orders it).
+    if (route_done_)
+      check(cudaMemsetAsync(route_done_, 0, std::size_t(nsplit_) * kRouteFlagWords * 8, st), "router flags reset");
   }
 
   // router_in_oproj: layer split's logit sums, and the router epilogue of layer l's attention output launch (none when
@@ -778,10 +785,7 @@ class CudaModel {
     r.zero = route_sums(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
     r.experts = int(c_.num_experts);
     r.stride = route_stride_;
-    if (route_done_) {  // router_flag: the sums' flag, and the previous splitting layer's to zero with its sums
-      r.done = route_flag(l.f.split);
-      r.zero_done = route_flag(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
-    }
+    if (route_done_) r.done = route_flag(l.f.split);  // router_flag: the sums' flag (zeroed after each step)
     return r;
   }
   unsigned long long* route_flag(int split) const { return route_done_ + std::int64_t(split) * kRouteFlagWords; }

@@ -156,22 +156,31 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 
 // MoE launch A's kSplit instance with the sums' flag (MoeArgs::route_done): instead of its PDL wait, thread 0 polls the
 // flag until every block of the launch before has added its grid_round increment (2^32 from zero: RouteSplit::done),
-// then the block barrier. Each block's release add follows its sums, its outputs and its own PDL wait, so the acquire
-// here orders them, and everything that launch had waited for, before this block's reads. The sums are read with
-// __ldcg; the staged input u (the launch before's output) with __ldg, the non-coherent path, which is safe because
-// ptxas compiles the acquire to LDG.E.64.STRONG.GPU then CCTL.IVALL (cuobjdump of the kSplit instance): the SM's L1,
-// unified with the texture path, is invalidated, so no line of u that an earlier launch left on this SM survives the
-// poll, and this block reads none before it. The launch before's blocks are all resident (PDL starts this launch only
-// once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded like
-// grid_barrier: a flag that never completes (impossible when the launch before ran with the flag) traps.
+// then the block barrier. It spins on relaxed loads and ends with one acquire load (the value only grows within a step,
+// and an acquire that reads the last add synchronizes with every block's release, whose adds continue one another's
+// release sequences), so the SM's L1 is invalidated once, not at every poll. Each block's release add follows its sums,
+// its outputs and its own PDL wait, so the acquire orders them, and everything that launch had waited for, before this
+// block's reads. The sums are read with __ldcg; the staged input u (the launch before's output) with __ldg, the
+// non-coherent path, which is safe because ptxas compiles the acquire to LDG.E.64.STRONG.GPU then CCTL.IVALL (cuobjdump
+// of the kSplit instance): the SM's L1, unified with the texture path, is invalidated, so no line of u that an earlier
+// launch left on this SM survives the poll, and this block reads none before it (no other block shares its SM: its
+// shared memory and registers leave no room). The launch before's blocks are all resident (PDL starts this launch only
+// once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded in time
+// (%globaltimer, 20 s) like grid_barrier: a flag that never completes (impossible when the launch before ran with the
+// flag) traps instead of hanging.
 __device__ __forceinline__ void route_flag_wait(unsigned long long const* done) {
   if (threadIdx.x == 0) {
+    constexpr std::uint64_t kGoal = std::uint64_t(1) << 32;
+    std::uint64_t const t0 = global_ns();
     for (unsigned n = 0;; ++n) {
       unsigned long long v;
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
-      if (grid_round::reached(v, std::uint64_t(1) << 32)) break;
-      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
+      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
+      if (grid_round::reached(v, kGoal)) break;
+      if ((n & 1023u) == 1023u && global_ns() - t0 > 20'000'000'000ull) __trap();  // never in a correct launch
     }
+    unsigned long long v;  // one acquire: at the goal already (the relaxed load read it there; the count only grows)
+    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
+    while (!grid_round::reached(v, kGoal));
   }
   __syncthreads();
 }
