@@ -5,8 +5,9 @@
 // ~230 boundaries of a token. Here a chain of launches, each block reading one value every block of the launch before
 // wrote and writing its own, with the launch before's completion awaited by:
 //   pdl wait      griddepcontrol.wait (as the model does)
-//   flag          thread 0 polls a counter (ld.acquire.gpu) until every block of the launch before added to it (each
-//                 block: its stores, a block barrier, then one release add by thread 0); no griddepcontrol.wait
+//   flag          thread 0 polls a counter (relaxed loads, then one ld.acquire.gpu: an acquire invalidates the SM's L1)
+//                 until every block of the launch before added to it (each block: its stores, a block barrier, then
+//                 one release add by thread 0); no griddepcontrol.wait
 //   flag + pdl    the flag, and griddepcontrol.wait at the block's end (keeps the grids' completion in order)
 // Each launch is launched with PDL (its blocks become resident as the launch before's trigger at entry allows). µs per
 // launch over chains of 200 (best of 7 × 10 graph replays; a memset at the graph's start zeroes the counters), with no
@@ -29,6 +30,11 @@ __device__ __forceinline__ unsigned ld_acquire(unsigned const* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned ld_relaxed(unsigned const* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -46,9 +52,11 @@ __global__ void __launch_bounds__(256) link(int i, float* vals, unsigned* flags,
     if constexpr (kMode == 0) {
       ling::cuda::kernels::pdl_wait();
     } else {
-      if (threadIdx.x == 0)
-        for (unsigned n = 0; ld_acquire(flags + i - 1) < unsigned(G); ++n)
+      if (threadIdx.x == 0) {  // relaxed polls, then one acquire (as MoE launch A's route_flag_wait)
+        for (unsigned n = 0; ld_relaxed(flags + i - 1) < unsigned(G); ++n)
           if (n > (1u << 26)) __trap();  // never in a correct chain
+        (void)ld_acquire(flags + i - 1);
+      }
       __syncthreads();
     }
   }
