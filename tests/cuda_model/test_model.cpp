@@ -254,10 +254,11 @@ TEST_CASE("router logits split over o_proj select as the router rows in launch A
   }
 }
 
-// The split's flag (CudaModelOptions::router_flag) changes only how launch A waits for the sums, not what it reads: the
-// fixed-point sums are the same bits whatever the order of the blocks, so every step equals the split without the flag
-// bit for bit, graph and eager. Twelve steps re-arm each layer's flag twelve times (the memset after each step).
-TEST_CASE("router split's flag: launch A awaiting o_proj's flag equals the split with the PDL wait, bit for bit") {
+// The split's flags (CudaModelOptions::router_flag) change only how launch A waits for o_proj's sums and launch B for
+// launch A's outputs, not what they read: the fixed-point sums are the same bits whatever the order of the blocks, so
+// every step equals the split without the flags bit for bit, graph and eager. Twelve steps re-arm each layer's flags
+// twelve times (the memset after each step).
+TEST_CASE("router split's flags: launches A and B awaiting their producer's flag equal the PDL waits' bits") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_ROUTER_OPROJ");
   unsetenv("LING_ROUTE_FLAG");

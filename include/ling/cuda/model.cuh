@@ -558,10 +558,11 @@ class CudaModel {
     if (nsplit_ == 0)
       for (auto& l : layers_) l.f.split = -1;
     route_acc_ = scratch<unsigned long long>(std::int64_t(nsplit_) * c.num_experts * route_stride_);
-    // router_flag: each splitting layer's flag (RouteSplit::done) on a 128-byte line of its own, zeroed after each step
-    // (enqueue_step). Not with LING_SKIP=oproj or mla (measurements): a launch A would await a flag nobody raises.
-    route_done_ = opt_.router_flag && nsplit_ > 0 && !skipped("oproj") && !skipped("mla")
-                      ? scratch<unsigned long long>(std::int64_t(nsplit_) * kRouteFlagWords)
+    // router_flag: each splitting layer's two flags (o_proj's sums for launch A: RouteSplit::done; launch A's for
+    // launch B: MoeArgs::a_done), each on a 128-byte line of its own, zeroed after each step (enqueue_step). Not with
+    // LING_SKIP=oproj, mla or moea (measurements): a launch would await a flag nobody raises.
+    route_done_ = opt_.router_flag && nsplit_ > 0 && !skipped("oproj") && !skipped("mla") && !skipped("moea")
+                      ? scratch<unsigned long long>(std::int64_t(nsplit_) * 2 * kRouteFlagWords)
                       : nullptr;
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
@@ -735,7 +736,10 @@ class CudaModel {
         if (f.split >= 0) {  // the attention output's blocks computed the logits' sums (route_split)
           a.route_acc = route_sums(f.split);
           a.route_acc_stride = route_stride_;
-          if (route_done_) a.route_done = route_flag(f.split);  // their flag
+          if (route_done_) {
+            a.route_done = route_flag(f.split);        // their flag
+            a.a_done = route_flag(nsplit_ + f.split);  // launch A's, for launch B
+          }
         } else if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
@@ -767,7 +771,7 @@ class CudaModel {
     // the whole step has completed, so no launch A still reads a flag, and the next step's launches start after it, so
     // none reads a flag's old value (a launch A polls before its PDL wait, so only a full dependency orders it).
     if (route_done_)
-      check(cudaMemsetAsync(route_done_, 0, std::size_t(nsplit_) * kRouteFlagWords * 8, st), "router flags reset");
+      check(cudaMemsetAsync(route_done_, 0, std::size_t(nsplit_) * 2 * kRouteFlagWords * 8, st), "router flags reset");
   }
 
   // router_in_oproj: layer split's logit sums, and the router epilogue of layer l's attention output launch (none when
@@ -868,7 +872,8 @@ class CudaModel {
   // router_in_oproj: nsplit_ layers' fixed-point logit sums, route_stride_ words apart (linear.hpp RouteSplit)
   unsigned long long* route_acc_ = nullptr;
   int nsplit_ = 0, route_stride_ = 4;
-  // router_flag: nsplit_ flags, kRouteFlagWords 8-byte words apart (null without router_flag)
+  // router_flag: 2 nsplit_ flags (o_proj's for launch A, then launch A's for launch B), kRouteFlagWords 8-byte words
+  // apart (null without router_flag)
   static constexpr std::int64_t kRouteFlagWords = 16;
   unsigned long long* route_done_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)

@@ -27,8 +27,8 @@ struct CudaModelOptions {
   bool router_in_oproj = false;
   // With router_in_oproj: MoE launch A awaits a flag that the split's blocks raise after their sums (a release add
   // each, one acquire poll per block of launch A) instead of PDL's wait for the whole launch before, which the step
-  // timeline puts 1.1-2.3 µs after that launch's last block (linear.hpp RouteSplit::done). Opt-in while it is measured;
-  // LING_ROUTE_FLAG=1 / 0 overrides it.
+  // timeline puts 1.1-2.3 µs after that launch's last block (linear.hpp RouteSplit::done); launch B awaits launch A's
+  // flag the same way. Opt-in while it is measured; LING_ROUTE_FLAG=1 / 0 overrides it.
   bool router_flag = false;
 };
 

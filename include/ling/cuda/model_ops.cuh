@@ -416,6 +416,8 @@ struct MoeArgs {
   int route_acc_stride = 1;
   // with route_acc, optional: the sums' flag (kernels::RouteSplit::done), which launch A awaits instead of its PDL wait
   unsigned long long const* route_done = nullptr;
+  // with route_done, optional: launch A's flag, which launch B awaits instead of its PDL wait (kernels::MoeArgs)
+  unsigned long long* a_done = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
@@ -498,11 +500,14 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.route_acc = a.route_acc;
       k.route_acc_stride = a.route_acc_stride;
       k.route_done = a.route_done;
+      k.a_done = a.a_done;
       k.route_ahead = 1;
     }
   }
   require(!a.route_done || (a.route && a.route_acc), ErrorCode::kInternal,
           "moe: the sums' flag without the split sums");
+  require(!a.a_done || (a.route_done && !a.skip_a), ErrorCode::kInternal,
+          "moe: launch A's flag without the sums' flag, or without launch A");
   k.top_k = a.top_k;
   k.routed_limit = a.limit;
   k.trace_a = trace_next();

@@ -75,6 +75,10 @@ struct MoeArgs {
   // PDL wait (route_flag_wait); its PDL wait then comes at the end, so that its completion still follows the launch
   // before's.
   unsigned long long const* route_done = nullptr;
+  // With route_done, optional: launch A's own flag (zero before the launch, 8-byte aligned). Launch A's kSplit instance
+  // raises it at its end as o_proj raises route_done (route_flag_raise), and launch B's instance at Ling's shape awaits
+  // it instead of its PDL wait (its PDL wait then at its end); B's other instances keep their PDL wait.
+  unsigned long long* a_done = nullptr;
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -168,6 +172,15 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 // once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded in time
 // (%globaltimer, 20 s) like grid_barrier: a flag that never completes (impossible when the launch before ran with the
 // flag) traps instead of hanging.
+// The producer's side (RouteSplit::done's protocol): after the block's work, a block barrier, then thread 0 adds the
+// block's grid_round increment with release semantics.
+__device__ __forceinline__ void route_flag_raise(unsigned long long* done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(done), "l"(inc) : "memory");
+  }
+}
 __device__ __forceinline__ void route_flag_wait(unsigned long long const* done) {
   if (threadIdx.x == 0) {
     constexpr std::uint64_t kGoal = std::uint64_t(1) << 32;
@@ -1574,7 +1587,10 @@ __global__ void __launch_bounds__(kW * 32, 1)
       issue(m + D);
     }
   }
-  if (kSplit && a.route_done) pdl_wait();  // route_flag_wait: this launch completes after the launch before it
+  if (kSplit && a.route_done) {
+    if (a.a_done) route_flag_raise(a.a_done);  // launch B may await it
+    pdl_wait();                                // route_flag_wait: this launch completes after the launch before it
+  }
   trace_end(a.trace_a);
 }
 
@@ -1939,6 +1955,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     if (a.route_acc) {  // the logits' split sums: the kSplit instance (16 warps, biased lookup), or no launch at all
       bool const ok = moe_split_switches_ok() && !a.router.data && a.route.logits && a.route_ahead &&
                       (reinterpret_cast<std::uintptr_t>(a.route_done) & 7u) == 0 &&
+                      (reinterpret_cast<std::uintptr_t>(a.a_done) & 7u) == 0 && (!a.a_done || a.route_done) &&
                       a.route.experts <= kRouteAhead * 16 * 32 && stage_input_fits_rms(u, pro);
       if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
       return true;
@@ -2060,7 +2077,8 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // first row requested before the block barrier, into L2 (prefetch.global.L2) or into registers after the
 // quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
 // the staged inputs also covered the rows).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false>
+// kFlag: launch A's flag (MoeArgs::a_done) awaited instead of the PDL wait, which comes at the end (route_flag_wait).
+template <class KS, int kU, bool kFull, int R, bool kOnce = false, bool kFlag = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -2084,7 +2102,10 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, (rows - r < R ? rows - r : R) * srb);
     }
   }
-  pdl_wait();
+  if constexpr (kFlag)
+    route_flag_wait(a.a_done);
+  else
+    pdl_wait();
   trace_mark(a.trace_b, 1);
   // once: staged by stage_down_lane_once; uniform
   bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
@@ -2161,6 +2182,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
       if (lane == 0 && r0 + n < rows) out[r0 + n] = residual ? residual[r0 + n] + sum : sum;
     }
   }
+  if constexpr (kFlag) pdl_wait();  // this launch completes after launch A
   trace_end(a.trace_b);
 }
 
@@ -2212,7 +2234,11 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
+      if (a.a_done && a.route_done)  // launch A's flag: launch A is the kSplit instance, which raises it
+        return go(moe_down_lane_kernel<KS, 6, true, 1, true, true>);
+      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    }
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
@@ -2228,7 +2254,8 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  if (a.route_done && !a.route_acc) return cudaErrorInvalidValue;  // the sums' flag belongs to the split sums
+  if ((a.route_done && !a.route_acc) || (a.a_done && !a.route_done))  // the flags belong to the split sums
+    return cudaErrorInvalidValue;
   {
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
