@@ -147,13 +147,13 @@ void BM_Matvec(benchmark::State& state, std::int64_t rows, std::int64_t cols) {
 // The same matvec with the router epilogue (linear.hpp RouteSplit; CudaModelOptions::router_in_oproj): each launch also
 // reads its own copy of a transposed BF16 router of `experts` columns and adds its fixed-point sums; launch i adds into
 // buffer i % 2 and zeroes buffer (i + 1) % 2, as the model's next splitting layer does. LING_ROUTE_ACC_STRIDE sets
-// the sums' spacing in 8-byte words (1, 4 by default, 16: contention per cache line).
+// the sums' spacing in 8-byte words (1 by default, 4, 16: contention per cache line).
 void BM_MatvecRoute(benchmark::State& state, std::int64_t rows, std::int64_t cols, int experts) {
   using P = quant::Fp8Block;
   auto probe = DeviceMatrix<P>::allocate(rows, cols);
   double const bytes = double(probe.bytes_per_matrix()) + double(rows) * experts * 2;
   int const copies = copies_for(bytes);
-  int const stride = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 4), 1, 64);
+  int const stride = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 1), 1, 64);
   std::vector<DeviceMatrix<P>> w;
   std::vector<DeviceBuffer> wt;
   for (int i = 0; i < copies; ++i) {
