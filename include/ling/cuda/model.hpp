@@ -22,13 +22,14 @@ struct CudaModelOptions {
   // layers whose attention output runs the one-row block-FP8 kernel (4096 columns) with a BF16 router of at most 512
   // experts, when at least two layers qualify; the others keep router_in_moe. Holds a transposed copy of each such
   // router (2 bytes per hidden size × experts). The sums are zeroed by the step itself, so a step that throws midway
-  // (a launch refused) can leave some behind, as it leaves the caches half-updated: reset() zeroes both. Opt-in while
-  // it is measured; LING_ROUTER_OPROJ=1 / 0 overrides it.
+  // (a launch refused) can leave some behind, as it leaves the caches half-updated: reset() zeroes both. Off: measured
+  // slower on the H200 (2.326 against 2.249 ms/token: o_proj's atomics cost more than launch A gains; docs/kernels.md).
+  // LING_ROUTER_OPROJ=1 / 0 overrides it.
   bool router_in_oproj = false;
   // With router_in_oproj: MoE launch A awaits a flag that the split's blocks raise after their sums (a release add
   // each, one acquire poll per block of launch A) instead of PDL's wait for the whole launch before, which the step
   // timeline puts 1.1-2.3 µs after that launch's last block (linear.hpp RouteSplit::done); launch B awaits launch A's
-  // flag the same way. Opt-in while it is measured; LING_ROUTE_FLAG=1 / 0 overrides it.
+  // flag the same way. Off: measured slower (PDL's wait is the faster handoff); LING_ROUTE_FLAG=1 / 0 overrides it.
   bool router_flag = false;
 };
 
