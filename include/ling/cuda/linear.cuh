@@ -1075,6 +1075,15 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
 // each warp's c = g_i y_i, then thread e sums its expert over the block's rows in a fixed order (warp 0, 1, ...) and
 // adds one 64-bit atomic per expert. Warps past the matrix's last row hold no row (their slices are never read).
 // With RouteSplit::done, a block barrier after the atomics and one release add of the block's grid_round increment.
+// A flag's producer side (RouteSplit::done, MoeArgs::a_done): after the block's work, a block barrier, then thread 0
+// adds the block's grid_round increment with release semantics (the increments of one launch sum to 2^32).
+__device__ __forceinline__ void route_flag_raise(unsigned long long* done) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
+    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(done), "l"(inc) : "memory");
+  }
+}
 __device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, std::uint16_t* s_rows) {
   std::uint16_t* const mine = s_rows + (threadIdx.x >> 5) * rs.experts;
   warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
@@ -1097,13 +1106,7 @@ __device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, fl
     atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
     if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
   }
-  if (rs.done) {  // the sums' flag: every thread's atomics (and the block's outputs) before thread 0's release add
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
-      asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(rs.done), "l"(inc) : "memory");
-    }
-  }
+  if (rs.done) route_flag_raise(rs.done);  // every thread's atomics (and the block's outputs) before the release add
 }
 
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid

@@ -172,15 +172,7 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
 // once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded in time
 // (%globaltimer, 20 s) like grid_barrier: a flag that never completes (impossible when the launch before ran with the
 // flag) traps instead of hanging.
-// The producer's side (RouteSplit::done's protocol): after the block's work, a block barrier, then thread 0 adds the
-// block's grid_round increment with release semantics.
-__device__ __forceinline__ void route_flag_raise(unsigned long long* done) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
-    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(done), "l"(inc) : "memory");
-  }
-}
+// The producer's side: linear.cuh route_flag_raise.
 __device__ __forceinline__ void route_flag_wait(unsigned long long const* done) {
   if (threadIdx.x == 0) {
     constexpr std::uint64_t kGoal = std::uint64_t(1) << 32;
