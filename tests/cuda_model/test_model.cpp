@@ -283,34 +283,6 @@ TEST_CASE("router split's flags: launches A and B awaiting their producer's flag
   }
 }
 
-// The split's sums through clusters of o_proj's blocks (LING_ROUTE_CLUSTER, linear.hpp RouteSplit::cluster): each
-// cluster adds its blocks' fixed-point partials before its REDs, the same integer sums, so every step equals the split
-// without clusters bit for bit.
-TEST_CASE("router split's sums through clusters of o_proj's blocks equal the plain REDs' bits") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_ROUTER_OPROJ");
-  unsetenv("LING_ROUTE_FLAG");
-  unsetenv("LING_ROUTE_CLUSTER");
-  using ling::test_gpu::FlashRun;
-  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
-  int const steps = 6;
-  auto const split = ling::test_gpu::flash_random_steps(cfg, 6, 4244, FlashRun{true, false, true, 0}, steps, 2000);
-  REQUIRE(split.split_layers == 4);
-  for (char const* cluster : {"2", "8"}) {
-    CAPTURE(cluster);
-    setenv("LING_ROUTE_CLUSTER", cluster, 1);
-    auto const cl =
-        ling::test_gpu::flash_random_steps(cfg, 6, 4244, FlashRun{true, false, true, 0}, steps, 2000, &split.picks);
-    unsetenv("LING_ROUTE_CLUSTER");
-    REQUIRE(cl.logits.size() == std::size_t(steps));
-    for (int s = 0; s < steps; ++s) {
-      CAPTURE(s);
-      CHECK(std::isfinite(cl.logits[std::size_t(s)][0]));
-      CHECK(cl.logits[std::size_t(s)] == split.logits[std::size_t(s)]);
-    }
-  }
-}
-
 // Low-rank KDA f/g (ling-b, Kimi-Linear) is not in the CUDA model yet: it must refuse clearly, naming the key.
 TEST_CASE("CUDA model refuses what it does not implement, naming the config key") {
   if (!ling::cuda::device_available()) return;

@@ -227,8 +227,6 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
 //   the one-row blocks do not run (1000 rows) or the experts do not fit (100, 520).
 // - Row counts that take the 12-warp instance and a last block with fewer rows than warps (its empty warps copy no
 //   router row and publish nothing): 2 · SMs · 10 − 5 and 2 · SMs · 12 − 11 rows (matvec_lane_one_warps).
-// - The blocks in clusters of 2, 4 and 8 (RouteSplit::cluster; the grid padded with empty blocks): the same bits;
-//   other cluster sizes refused.
 namespace {
 void check_route_split(cuda::DeviceMatrix<quant::Fp8Block> const& dm, DeviceVec const& dx, std::vector<float> const& g,
                        DeviceVec const& dg, DeviceVec const& dres, int E, int stride) {
@@ -248,7 +246,7 @@ void check_route_split(cuda::DeviceMatrix<quant::Fp8Block> const& dm, DeviceVec 
   dwt.upload(wt.data(), wt.size() * 2);
   std::uint64_t flag_words[32] = {};
   auto run = [&](std::vector<float>& y, std::vector<std::uint64_t>& sums, std::vector<std::uint64_t>& zeroed,
-                 bool flag = false, int cluster = 1) {
+                 bool flag = false) {
     cuda::check(cudaMemset(acc.data(), 0, slots * 8), "zero");
     cuda::check(cudaMemset(other.data(), 0xAB, slots * 8), "fill");
     cuda::check(cudaMemset(flags.data(), 0, 16 * 8), "zero the flag");
@@ -261,7 +259,6 @@ void check_route_split(cuda::DeviceMatrix<quant::Fp8Block> const& dm, DeviceVec 
     r.zero = other.data<unsigned long long>();
     r.experts = E;
     r.stride = stride;
-    r.cluster = cluster;
     if (flag) r.done = flags.data<unsigned long long>();
     REQUIRE(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, dres.data(), r, nullptr) ==
             cudaSuccess);
@@ -308,19 +305,6 @@ void check_route_split(cuda::DeviceMatrix<quant::Fp8Block> const& dm, DeviceVec 
   CHECK(flag_words[0] == (std::uint64_t(1) << 32));
   CHECK(flag_words[1] == 0);  // the flag's neighbours untouched
   CHECK(flag_words[16] == 0xCDCDCDCDCDCDCDCDull);
-  // the blocks in clusters (the grid padded to a multiple of the cluster): the same integer sums, so the same bits;
-  // the other layer's sums zeroed as before; with the flag, still 2^32 (the padding blocks' increments included)
-  for (int cluster : {2, 4, 8}) {
-    CAPTURE(cluster);
-    std::vector<float> yc;
-    std::vector<std::uint64_t> sumsc, zeroedc;
-    run(yc, sumsc, zeroedc, cluster == 4, cluster);
-    CHECK(same_bits(yc, y));
-    CHECK(sumsc == sums);
-    CHECK(zeroedc == zeroed);
-    CHECK(flag_words[0] == (cluster == 4 ? std::uint64_t(1) << 32 : 0));
-    CHECK(flag_words[16] == 0xCDCDCDCDCDCDCDCDull);
-  }
 }
 }  // namespace
 
@@ -375,12 +359,6 @@ TEST_CASE("block FP8: the router epilogue's fixed-point sums match Σ wt g y ove
   CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
         cudaErrorNotSupported);
   r.zero = nullptr;
-  for (int bad_cluster : {0, 3, 16}) {  // clusters of 1, 2, 4 or 8 blocks only
-    r.cluster = bad_cluster;
-    CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==
-          cudaErrorNotSupported);
-  }
-  r.cluster = 1;
   for (int bad : {100, 520}) {
     r.experts = bad;
     CHECK(cuda::launch_matvec_route_split(dm, dx.data(), dy.data(), cuda::InputPrologue{}, nullptr, r, nullptr) ==

@@ -10,7 +10,6 @@
 // Policies: FastOps<P> is the 16-byte-chunk decoder of the fast layouts; RowDot<P> uses it when it exists and
 // otherwise falls back to the generic form, which only calls P::decode (any policy, even one defined outside the
 // library, runs with no new kernel).
-#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -406,34 +405,21 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream, in
-// clusters of `cluster` blocks along x when cluster > 1 (grid.x a multiple of it).
+// Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream.
 template <class... KArgs, class... Args>
-inline cudaError_t launch_ex_cluster(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
-                                     int cluster, Args const&... args) {
+inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+                             Args const&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (pdl_enabled() && st != nullptr) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n++].val.clusterDim = {unsigned(cluster), 1u, 1u};
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = (pdl_enabled() && st != nullptr) ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...);
-}
-template <class... KArgs, class... Args>
-inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
-                             Args const&... args) {
-  return launch_ex_cluster(kernel, grid, block, smem, st, 1, args...);
 }
 
 __device__ __forceinline__ float ue8m0_float(std::uint8_t s) {
@@ -1103,15 +1089,10 @@ __device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_
   warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
                          std::uint32_t(rs.experts) * 2u, 0u});
 }
-// rows: how many of the block's warps (0, 1, ...) hold a row (≤ 0: none, a cluster's padding block); c: this warp's
-// g_i y_i. With rs.cluster > 1 each block's fixed-point partials go to its shared memory; after a cluster barrier block
-// r adds up its slice of the experts over the cluster's blocks (in rank order; integer adds, so any order gives the
-// same bits) with one RED each, and cluster 0 zeroes rs.zero; a second barrier keeps every block's partials alive until
-// the cluster has read them.
+// rows: how many of the block's warps (0, 1, ...) hold a row; c: this warp's g_i y_i.
 template <int kNW>
 __device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, float c, std::uint16_t const* s_rows) {
   __shared__ float s_c[kNW];
-  __shared__ unsigned long long s_part[kRouteMaxExperts];
   int const E = rs.experts;
   if ((threadIdx.x & 31) == 0) s_c[threadIdx.x >> 5] = c;
   cp_async_wait(0);
@@ -1122,27 +1103,8 @@ __device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, fl
     for (int k = 0; k < kNW; ++k)
       if (k < rows) s = fmaf(__uint_as_float(std::uint32_t(s_rows[k * E + e]) << 16), s_c[k], s);
     s = fminf(fmaxf(s, -kRouteFixedClamp), kRouteFixedClamp);  // NaN takes a bound (h's NaN reaches the output anyway)
-    auto const v = static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne));
-    if (rs.cluster > 1) {
-      s_part[e] = v;
-    } else {
-      atomicAdd(rs.acc + std::int64_t(e) * rs.stride, v);
-      if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
-    }
-  }
-  if (rs.cluster > 1) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();  // the cluster's partials written (release / acquire at cluster scope)
-    int const C = rs.cluster, per = E / C, r = int(cl.block_rank());
-    bool const zeroes = rs.zero && int(blockIdx.x) < C;  // cluster 0
-    for (int e = r * per + int(threadIdx.x); e < (r + 1) * per; e += int(blockDim.x)) {
-      unsigned long long t = 0;
-      for (int q = 0; q < C; ++q) t += *cl.map_shared_rank(s_part + e, unsigned(q));
-      atomicAdd(rs.acc + std::int64_t(e) * rs.stride, t);
-      if (zeroes) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
-    }
-    cl.sync();  // no block leaves (its shared memory) before the cluster has read its partials
+    atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
+    if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
   }
   if (rs.done) route_flag_raise(rs.done);  // every thread's atomics (and the block's outputs) before the release add
 }
@@ -1626,7 +1588,6 @@ inline bool route_split_args_ok(MultiArgs const& a) {
   };
   return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
          r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 &&
-         (r.cluster == 1 || r.cluster == 2 || r.cluster == 4 || r.cluster == 8) &&  // divides experts (a multiple of 8)
          apart(r.zero, n, r.acc, n) &&  // the sums zeroed apart from the sums added to
          (!r.done || ((reinterpret_cast<std::uintptr_t>(r.done) & 7u) == 0 && apart(r.done, 1, r.acc, n) &&
                       apart(r.done, 1, r.zero, n))) &&
@@ -1664,15 +1625,8 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         } else {
           if (!(bw > 0 && ku == 8 && full && !h16) || am.key || !route_split_args_ok(a)) return cudaErrorNotSupported;
           std::size_t const part = std::size_t(bw) * std::size_t(a.route.experts) * 2;  // the warps' BF16 rows
-          auto route = [&](auto kernel) {  // in clusters of a.route.cluster blocks: the grid padded to a multiple
-            if (cudaError_t e = allow_dynamic_smem(kernel, smem + part); e != cudaSuccess) return e;
-            int const c = a.route.cluster;
-            std::int64_t const blocks = (total + bw - 1) / bw;
-            return launch_ex_cluster(kernel, dim3(unsigned((blocks + c - 1) / c * c)), dim3(unsigned(bw * 32)),
-                                     smem + part, stream, c, a, x, pro, am);
-          };
-          return bw == 10 ? route(matvec_lane_kernel<K, 8, 2, true, false, 10, true>)
-                          : route(matvec_lane_kernel<K, 8, 2, true, false, 12, true>);
+          return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10, true>, 10, part)
+                          : one(matvec_lane_kernel<K, 8, 2, true, false, 12, true>, 12, part);
         }
       }
       if (bw > 0 && ku == 8 && full && !h16)

@@ -300,10 +300,6 @@ struct RouteSplit {
   unsigned long long* acc = nullptr;   // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
   unsigned long long* zero = nullptr;  // another layer's sums (read by a launch that has ended): block 0 zeroes them
   int experts = 0, stride = 1;
-  // Blocks per cluster (1, 2, 4 or 8; session 35): the launch's blocks in clusters of that many, and a cluster's
-  // partials added up through distributed shared memory before they reach acc, so `cluster` times fewer 64-bit REDs
-  // meet on acc's lines (the same integer sums, so the same bits). Block r of a cluster of C adds sums r E / C on.
-  int cluster = 1;
   // The sums' flag (optional; null: none; 8-byte aligned, apart from the sums): once a block's sums are added, its
   // thread 0 adds grid_round::increment to *done with release semantics (gpu scope), so the counter reaches 2^32 from
   // zero exactly when every block's sums, and its outputs, are visible; MoE launch A can then await the flag instead of

@@ -91,7 +91,6 @@ class CudaModel {
   int router_split_layers() const { return nsplit_; }
   // Whether launch A awaits the split's flag (CudaModelOptions::router_flag) instead of its PDL wait.
   bool router_flag_on() const { return route_done_ != nullptr; }
-  int router_split_cluster() const { return route_cluster_; }  // o_proj's blocks per cluster for the sums (1: none)
 
   // ---- the step --------------------------------------------------------------------------------------
   // Zero caches, position 0.
@@ -265,10 +264,6 @@ class CudaModel {
     opt_.router_flag = env_int("LING_ROUTE_FLAG", opt_.router_flag ? 1 : 0) != 0;
     // sums this many 8-byte words apart (A/B; 1 measured best: 2.326 ms/token against 2.424 at 4 and 2.335 at 16)
     route_stride_ = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 1), 1, 64);
-    // o_proj's blocks in clusters of this many, their partials added up in the cluster before the REDs (1, 2, 4, 8;
-    // linear.hpp RouteSplit::cluster); anything else: 1
-    route_cluster_ = env_int("LING_ROUTE_CLUSTER", 1);
-    if (route_cluster_ != 2 && route_cluster_ != 4 && route_cluster_ != 8) route_cluster_ = 1;
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
@@ -795,7 +790,6 @@ class CudaModel {
     r.zero = route_sums(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
     r.experts = int(c_.num_experts);
     r.stride = route_stride_;
-    r.cluster = route_cluster_;
     if (route_done_) r.done = route_flag(l.f.split);  // router_flag: the sums' flag (zeroed after each step)
     return r;
   }
@@ -878,7 +872,7 @@ class CudaModel {
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   // router_in_oproj: nsplit_ layers' fixed-point logit sums, route_stride_ words apart (linear.hpp RouteSplit)
   unsigned long long* route_acc_ = nullptr;
-  int nsplit_ = 0, route_stride_ = 1, route_cluster_ = 1;
+  int nsplit_ = 0, route_stride_ = 1;
   // router_flag: 2 nsplit_ flags (o_proj's for launch A, then launch A's for launch B), kRouteFlagWords 8-byte words
   // apart (null without router_flag)
   static constexpr std::int64_t kRouteFlagWords = 16;
