@@ -283,6 +283,36 @@ TEST_CASE("router split's flags: launches A and B awaiting their producer's flag
   }
 }
 
+// Launch A's routed decode shared by the block's warps (LING_MOE_SHARE=1, a trial: moe.cuh kDiag 10) at
+// Ling-3.0-flash's widths: each routed tile's rows summed from its chunk groups' partials in group order, whichever
+// warps computed them, so graph replay and eager launches give the same bits; against the default decode (each row's
+// chunks in one lane chain) within 1e-4 (a different order of the same sums), on the default run's picks.
+TEST_CASE("launch A's shared routed decode: deterministic, and the default's logits within 1e-4") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_ROUTER_OPROJ");
+  unsetenv("LING_ROUTE_FLAG");
+  unsetenv("LING_MOE_SHARE");
+  using ling::test_gpu::FlashRun;
+  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
+  int const steps = 8;
+  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4245, FlashRun{false, false, true, 0}, steps, 3000);
+  setenv("LING_MOE_SHARE", "1", 1);
+  auto const graph =
+      ling::test_gpu::flash_random_steps(cfg, 6, 4245, FlashRun{false, false, true, 0}, steps, 3000, &base.picks);
+  auto const eager =
+      ling::test_gpu::flash_random_steps(cfg, 6, 4245, FlashRun{false, false, false, 0}, steps, 3000, &base.picks);
+  unsetenv("LING_MOE_SHARE");
+  REQUIRE(graph.logits.size() == std::size_t(steps));
+  REQUIRE(eager.logits.size() == std::size_t(steps));
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CHECK(graph.logits[std::size_t(s)] == eager.logits[std::size_t(s)]);
+    double const e = rel_l2(graph.logits[std::size_t(s)], base.logits[std::size_t(s)]);
+    CHECK(e < 1e-4);  // NaN fails
+    CHECK(e > 0.0);   // the shared decode ran (its order of the sums is not the default's)
+  }
+}
+
 // Low-rank KDA f/g (ling-b, Kimi-Linear) is not in the CUDA model yet: it must refuse clearly, naming the key.
 TEST_CASE("CUDA model refuses what it does not implement, naming the config key") {
   if (!ling::cuda::device_available()) return;
