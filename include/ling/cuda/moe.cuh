@@ -1299,7 +1299,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   __shared__ int s_idx[kMoeMaxTopK];
   constexpr bool kPaced = kDiag != 8;  // kDiag 8: session 28's issue, every warp at once after a block barrier
   __shared__ std::uint64_t s_bar[kW * kStreamMaxStages + (kPaced ? 1 : 0)];  // paced: + the limbs' barrier
-  constexpr bool kShare = kDiag == 10;  // the routed tiles' chunk groups shared by every warp (moe_share_decode)
+  constexpr bool kShare = kDiag == 10;  // the routed tiles' chunk groups shared by every warp (kDiag 10, above)
   static_assert(!kShare || kBiased, "the shared decode: biased lookup only");
   __shared__ MoeShareState<kShare ? kW : 1> s_share;
   __shared__ __align__(8) std::uint32_t s_tab[2];
@@ -1861,6 +1861,12 @@ inline int moe_stream_stage_cap() {
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
 // LING_MOE_SHARE=1: launch A's routed decode shared by the block's warps (kDiag 10, a trial)
 inline bool moe_share_a() { return env_level("LING_MOE_SHARE", 1) == 1; }
+// Where kDiag 10 applies on 16 warps: one block per SM and at most one tile per warp (tile k of a block is warp k's),
+// rows of 16 · g blocks of 32 columns with g ≤ kMoeShareGroups, at most kMoeShareRows rows per routed tile.
+inline bool moe_share_fits(StreamPlan const& sp, std::int64_t nblk) {
+  return nblk % 16 == 0 && nblk / 16 <= kMoeShareGroups && sp.rows <= kMoeShareRows && sp.tiles >= sm_count() &&
+         (sp.tiles + sm_count() - 1) / sm_count() <= 16;
+}
 // MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps (default kMoePaceA)
 inline int moe_pace_a() {
   static int const v = [] {
@@ -2032,10 +2038,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
       return true;
     }
-    // LING_MOE_SHARE=1 (a trial): the routed decode shared by the block's warps (kDiag 10), where every warp has one
-    // tile at most and the routed rows fit its items
-    if (moe_share_a() && biased && warps == 16 && nblk % 16 == 0 && nblk / 16 <= kMoeShareGroups &&
-        sp.rows <= kMoeShareRows && (sp.tiles + sm_count() - 1) / sm_count() <= 16 && sp.tiles >= sm_count())
+    // LING_MOE_SHARE=1 (a trial): the routed decode shared by the block's warps (kDiag 10)
+    if (moe_share_a() && biased && warps == 16 && moe_share_fits(sp, nblk))
       return go(moe_gate_up_stream_kernel<16, true, 10>, 16);
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
