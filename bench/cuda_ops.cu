@@ -17,7 +17,6 @@
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/lm_head.cuh"
 #include "ling/cuda/moe.cuh"
-#include "ling/cuda/random_weights.cuh"
 #include "ling/cuda/router.cuh"
 
 using namespace ling;
@@ -142,42 +141,6 @@ void BM_Matvec(benchmark::State& state, std::int64_t rows, std::int64_t cols) {
   for (int i = 0; i < copies; ++i) w.push_back(random_device_matrix<P>(rows, cols));
   DVec x{std::size_t(cols)}, y{std::size_t(rows)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) { return launch_matvec(w[std::size_t(i)], x.p(), y.p(), s); });
-}
-
-// The same matvec with the router epilogue (linear.hpp RouteSplit; CudaModelOptions::router_in_oproj): each launch also
-// reads its own copy of a transposed BF16 router of `experts` columns and adds its fixed-point sums; launch i adds into
-// buffer i % 2 and zeroes buffer (i + 1) % 2, as the model's next splitting layer does. LING_ROUTE_ACC_STRIDE sets
-// the sums' spacing in 8-byte words (1 by default, 4, 16: contention per cache line).
-void BM_MatvecRoute(benchmark::State& state, std::int64_t rows, std::int64_t cols, int experts) {
-  using P = quant::Fp8Block;
-  auto probe = DeviceMatrix<P>::allocate(rows, cols);
-  double const bytes = double(probe.bytes_per_matrix()) + double(rows) * experts * 2;
-  int const copies = copies_for(bytes);
-  int const stride = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 1), 1, 64);
-  std::vector<DeviceMatrix<P>> w;
-  std::vector<DeviceBuffer> wt;
-  for (int i = 0; i < copies; ++i) {
-    w.push_back(random_device_matrix<P>(rows, cols));
-    wt.emplace_back(std::size_t(rows) * std::size_t(experts) * 2);
-    // router-like values (no NaN or Inf bytes, which would take the epilogue's clamp at every sum)
-    rnd::fill_bf16_values(wt.back().data<std::uint16_t>(), rows * experts, 0xC0FFEEull + std::uint64_t(i), 0.02f);
-  }
-  check(cudaGetLastError(), "fill");
-  std::size_t const slots = std::size_t(experts) * std::size_t(stride);
-  DeviceBuffer acc(2 * slots * 8);
-  check(cudaMemset(acc.data(), 0, acc.bytes()), "zero");
-  check(cudaDeviceSynchronize(), "fills");  // the fills (legacy stream) before the graph's non-blocking stream
-  DVec x{std::size_t(cols)}, y{std::size_t(rows)}, g{std::size_t(rows)};
-  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
-    RouteSplit r;
-    r.wt = wt[std::size_t(i)].data();
-    r.norm_w = g.p();
-    r.acc = acc.data<unsigned long long>() + std::size_t(i % 2) * slots;
-    r.zero = acc.data<unsigned long long>() + std::size_t((i + 1) % 2) * slots;
-    r.experts = experts;
-    r.stride = stride;
-    return launch_matvec_route_split(w[std::size_t(i)], x.p(), y.p(), InputPrologue{}, y.p(), r, s);
-  });
 }
 
 // Bytes one launch over matrices of `rows` x cols reads (device layout), and their total rows.
@@ -376,7 +339,6 @@ int main(int argc, char** argv) {
   reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, 1); });
   reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, 1); });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
-  reg("kda_o_proj_[2560,4096]_fp8+router_split_512", [](benchmark::State& s) { BM_MatvecRoute(s, 2560, 4096, 512); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
   reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });

@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(256) link(int i, float* vals, unsigned* flags,
     if constexpr (kMode == 0) {
       ling::cuda::kernels::pdl_wait();
     } else {
-      if (threadIdx.x == 0) {  // relaxed polls, then one acquire (as MoE launch A's route_flag_wait)
+      if (threadIdx.x == 0) {  // relaxed polls, then one acquire (as session 34's launch A flag did)
         for (unsigned n = 0; ld_relaxed(flags + i - 1) < unsigned(G); ++n)
           if (n > (1u << 26)) __trap();  // never in a correct chain
         (void)ld_acquire(flags + i - 1);

@@ -1,8 +1,8 @@
-// Probe: what split sums cost in a chain of dependent launches (linear.hpp RouteSplit, CudaModelOptions::
-// router_in_oproj; docs/performance.md session 33). A producer launch's G blocks each add N 64-bit fixed-point partial
-// sums, one RED per value, to N accumulators `stride` 8-byte words apart (block 0 also zeroes the other buffer), and
-// the next launch reads all N right after its PDL wait, as launch A reads the router's sums. µs per producer + consumer
-// pair, 40 pairs per graph (best of 7 × 10 replays):
+// Probe: what split sums cost in a chain of dependent launches (the router split of sessions 33-35, measured slower
+// and removed in session 36; docs/performance.md sessions 33-35). A producer launch's G blocks each add N 64-bit
+// fixed-point partial sums, one RED per value, to N accumulators `stride` 8-byte words apart (block 0 also zeroes the
+// other buffer), and the next launch reads all N right after its PDL wait, as launch A read the router's sums. µs per
+// producer + consumer pair, 40 pairs per graph (best of 7 × 10 replays):
 //   no sums          the same two launches without any sums (their boundaries only)
 //   plain stores     each block stores its N partials to its own slice (no reduction: what the stores cost)
 //   RED, stride S    the split sums at 1, 4 and 16 words apart (S = 16: each sum in its own 128-byte line)

@@ -45,29 +45,3 @@ TEST_CASE("grid barrier rounds: every round adds 2^32, completes exactly at its 
     }
   }
 }
-
-// The same increments as a flag (cuda/linear.hpp RouteSplit::done, moe.cuh route_flag_wait): a counter zeroed before
-// the producer's launch, one add per block in any order, and a consumer that polls for the fixed goal 2^32 without
-// knowing the grid. The goal is reached at the last block's add and at no partial sum before it.
-TEST_CASE("a grid_round flag from zero reaches its goal 2^32 exactly at the last block's add") {
-  std::mt19937 rng{34};
-  constexpr std::uint64_t kGoal = std::uint64_t(1) << 32;
-  for (unsigned grid : {1u, 2u, 132u, 225u, 256u, 4096u}) {
-    CAPTURE(grid);
-    for (int trial = 0; trial < 8; ++trial) {
-      std::vector<unsigned> order(grid);
-      std::iota(order.begin(), order.end(), 0u);
-      std::shuffle(order.begin(), order.end(), rng);
-      std::uint64_t flag = 0;
-      bool early = false;
-      for (unsigned k = 0; k < grid; ++k) {
-        CHECK_FALSE(gr::reached(flag, kGoal));
-        flag += gr::increment(order[k], grid);
-        early = early || (k + 1 < grid && gr::reached(flag, kGoal));
-      }
-      CHECK_FALSE(early);
-      CHECK(flag == kGoal);
-      CHECK(gr::reached(flag, kGoal));
-    }
-  }
-}

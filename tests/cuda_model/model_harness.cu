@@ -9,25 +9,20 @@
 
 namespace ling::test_gpu {
 
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, FlashRun const& run,
-                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int steps,
+                              std::int32_t token, std::vector<std::int32_t> const* feed) {
   std::ifstream f(config_json);
   require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
   nlohmann::json j = nlohmann::json::parse(f);
   j["num_hidden_layers"] = layers;
-  if (run.experts > 0) j["num_experts"] = run.experts;
   for (char const* k : {"expert_swiglu_limit_list", "share_expert_swiglu_limit_list"})
     if (j.contains(k) && j[k].is_array() && int(j[k].size()) > layers) j[k].erase(j[k].begin() + layers, j[k].end());
   ModelConfig const c = ModelConfig::from_json(j, config_json + " (cut to " + std::to_string(layers) + " layers)");
   cuda::CudaModelOptions o;
   o.max_context = 64;
-  o.use_graph = run.graph;
-  o.router_in_oproj = run.router_in_oproj;
-  o.router_flag = run.router_flag;
+  o.use_graph = graph;
   auto m = cuda::CudaModel::random(c, seed, o);
   FlashSteps out;
-  out.split_layers = m->router_split_layers();
-  out.flag = m->router_flag_on();
   std::vector<float> host(static_cast<std::size_t>(c.vocab_size));
   std::int32_t t = token;
   for (int s = 0; s < steps; ++s) {

@@ -48,9 +48,6 @@ template cudaError_t launch_matvec_multi_wg<quant::Fp8Block>(std::span<DeviceMat
                                                              float const*, int);
 template cudaError_t launch_matvec_multi_wg<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>, float const*,
                                                            float*, cudaStream_t, InputPrologue const&, float const*, int);
-template cudaError_t launch_matvec_route_split<quant::Fp8Block>(DeviceMatrix<quant::Fp8Block> const&, float const*,
-                                                                float*, InputPrologue const&, float const*,
-                                                                RouteSplit const&, cudaStream_t);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
 LING_TEST_MOE(Mxfp4QuadMma, quant::Fp8Block)
 LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)

@@ -21,7 +21,6 @@
 #include <type_traits>
 
 #include "ling/cuda/async_copy.cuh"
-#include "ling/cuda/grid_round.hpp"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/runtime.hpp"
@@ -244,12 +243,6 @@ inline __device__ __noinline__ void stage_input_slow(float* xs, float const* __r
   }
 }
 
-// Host side: whether stage_input takes its fused RMSNorm path for input x and prologue p (the one that gives rms_inv).
-inline bool stage_input_fits_rms(float const* x, InputPrologue const& p) {
-  auto a16 = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
-  return (p.flags & InputPrologue::kFusedWeights) && p.kind == PrologueKind::kRmsNorm && p.norm_w && a16(x) &&
-         a16(p.norm_w);
-}
 // Stages x[0..n) through the prologue p into xs (padded layout, times kXPre), zero-filled up to n_stage. The caller
 // synchronizes the block afterwards. Aligned inputs (the usual case) take one batch of loads: the norm weights (and
 // KDA's gate) are loaded with x and applied while staging; the statistic then rescales shared memory only.
@@ -258,11 +251,9 @@ inline bool stage_input_fits_rms(float const* x, InputPrologue const& p) {
 // kHeadScale, which stage_input_slow<false> has no path for, is refused by ops::router and ops::moe before any launch.
 // Every block fetches this code right after its PDL wait, and MoE launch A stalls on instruction fetch
 // (docs/kernels.md "Launch A's code size").
-// rms_inv (a caller's register, or null): 1 / rms(x) of the fused RMSNorm path, the only path that writes it (MoE
-// launch A with the router's logits split over o_proj: stage_input_fits_rms says when it is taken).
 template <bool kAttnFused = true>
-__device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n,
-                                            std::int64_t n_stage, InputPrologue const& p, float* rms_inv = nullptr) {
+__device__ __forceinline__ void stage_input(float* xs, float const* __restrict__ x, std::int64_t n, std::int64_t n_stage,
+                                            InputPrologue const& p) {
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
   bool const fused = p.flags & InputPrologue::kFusedWeights;
@@ -271,9 +262,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     // row it loads before its PDL wait, measured 2026-11-30)
     float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
-    float const r = rsqrtf(block_sum(ss, red) / float(n) + p.eps);
-    if (rms_inv) *rms_inv = r;
-    float const inv = r * kXPre;
+    float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
     return;
   }
@@ -718,12 +707,6 @@ template <> struct PolicyOf<PlainKey<4>> { using type = Unaligned<quant::Bf16>; 
 template <> struct PolicyOf<PlainKey<6>> { using type = Unaligned<quant::F32>; };
 template <class K> using policy_of = typename PolicyOf<K>::type;
 
-// ---- the router's logits split over the rows of the launch before the MoE: linear.hpp RouteSplit --------------
-using ling::cuda::kRouteFixedClamp;
-using ling::cuda::kRouteFixedOne;
-using ling::cuda::kRouteMaxExperts;
-using ling::cuda::RouteSplit;
-
 // ---- the matvec kernel -------------------------------------------------------------------------------------
 struct MultiArgs {
   MatrixArgs m[kMaxMultiMatrices];
@@ -733,7 +716,6 @@ struct MultiArgs {
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
   unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
-  RouteSplit route{};                              // the router epilogue (matvec_lane_kernel's kRoute instances)
 };
 
 struct ArgmaxArgs {
@@ -1069,59 +1051,17 @@ __device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, 
   return f.x + f.y;
 }
 
-// The router epilogue (RouteSplit). Before the PDL wait the warp with row i copies wt's row i (experts × 2 bytes) into
-// its slice of s_rows (kNW slices after the staged input, 16-byte aligned) with cp.async, so that no registers are held
-// across the wait (the row in registers made the 12-warp instance spill). route_publish, after the rows' outputs y_i:
-// each warp's c = g_i y_i, then thread e sums its expert over the block's rows in a fixed order (warp 0, 1, ...) and
-// adds one 64-bit atomic per expert. Warps past the matrix's last row hold no row (their slices are never read).
-// With RouteSplit::done, a block barrier after the atomics and one release add of the block's grid_round increment.
-// A flag's producer side (RouteSplit::done, MoeArgs::a_done): after the block's work, a block barrier, then thread 0
-// adds the block's grid_round increment with release semantics (the increments of one launch sum to 2^32).
-__device__ __forceinline__ void route_flag_raise(unsigned long long* done) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    std::uint64_t const inc = grid_round::increment(blockIdx.x, gridDim.x);
-    asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(done), "l"(inc) : "memory");
-  }
-}
-__device__ __forceinline__ void route_row_copy(RouteSplit const& rs, std::int64_t row, std::uint16_t* s_rows) {
-  std::uint16_t* const mine = s_rows + (threadIdx.x >> 5) * rs.experts;
-  warp_copy(mine, Span16{static_cast<char const*>(rs.wt) + row * std::int64_t(rs.experts) * 2,
-                         std::uint32_t(rs.experts) * 2u, 0u});
-}
-// rows: how many of the block's warps (0, 1, ...) hold a row; c: this warp's g_i y_i.
-template <int kNW>
-__device__ __forceinline__ void route_publish(RouteSplit const& rs, int rows, float c, std::uint16_t const* s_rows) {
-  __shared__ float s_c[kNW];
-  int const E = rs.experts;
-  if ((threadIdx.x & 31) == 0) s_c[threadIdx.x >> 5] = c;
-  cp_async_wait(0);
-  __syncthreads();  // every warp's row has landed and its c is written
-  for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) {
-    float s = 0.f;
-#pragma unroll
-    for (int k = 0; k < kNW; ++k)
-      if (k < rows) s = fmaf(__uint_as_float(std::uint32_t(s_rows[k * E + e]) << 16), s_c[k], s);
-    s = fminf(fmaxf(s, -kRouteFixedClamp), kRouteFixedClamp);  // NaN takes a bound (h's NaN reaches the output anyway)
-    atomicAdd(rs.acc + std::int64_t(e) * rs.stride, static_cast<unsigned long long>(__float2ll_rn(s * kRouteFixedOne)));
-    if (rs.zero && blockIdx.x == 0) rs.zero[std::int64_t(e) * rs.stride] = 0ull;
-  }
-  if (rs.done) route_flag_raise(rs.done);  // every thread's atomics (and the block's outputs) before the release add
-}
-
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-// kRoute (one-row instances, one matrix): the router epilogue (RouteSplit, a.route), its rows' partial logits.
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps, bool kRoute = false>
-__global__ void __launch_bounds__(kBW * 32, kMinBlocks)
-    matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
+template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
+__global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
+                                                                         InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
   constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
   static_assert(!kRow || !kH16, "f16 partial sums: block FP8 only");
   static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
   constexpr bool kOne = kBW > kWarps;
-  static_assert(!kRoute || kOne, "the router epilogue: one row per warp");
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const lane = int(threadIdx.x & 31);
@@ -1137,14 +1077,6 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
-  }
-  [[maybe_unused]] float rg = 0.f;  // kRoute: the row's norm weight
-  if constexpr (kRoute) {
-    if (t < total) {  // one matrix: row t (the launcher checks)
-      route_row_copy(a.route, t, reinterpret_cast<std::uint16_t*>(xs + xs_floats(staged_elems<P>(a.m[0]))));
-      rg = __ldg(a.route.norm_w + t);
-    }
-    cp_async_commit();
   }
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
@@ -1188,15 +1120,9 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
       unsigned long long const k = argmax_key(v, a.row_begin[i] + r);
       best = k > best ? k : best;
     }
-    return v;
   };
   if constexpr (kOne) {
-    float const v = t < total ? finish(t, ci, r0) : 0.f;
-    if constexpr (kRoute) {
-      std::int64_t const first = std::int64_t(blockIdx.x) * kBW, rows = total - first < kBW ? total - first : kBW;
-      route_publish<kBW>(a.route, int(rows), v * rg,
-                         reinterpret_cast<std::uint16_t const*>(xs + xs_floats(staged_elems<P>(a.m[0]))));
-    }
+    if (t < total) finish(t, ci, r0);
     trace_end(a.trace);
     argmax_publish<kBW>(am, best);
     return;
@@ -1576,24 +1502,6 @@ inline int matvec_lane_one_warps(std::int64_t total) {
 inline bool matvec_row_lane_enabled() {
   return !env_off("LING_MATVEC_ROW_LANE");
 }
-// What the router epilogue needs of its launch besides the instance (RouteSplit): one matrix, its rows the router's
-// columns, experts a multiple of 8 up to kRouteMaxExperts, 16-byte aligned rows of wt, a sums buffer.
-inline bool route_split_args_ok(MultiArgs const& a) {
-  RouteSplit const& r = a.route;
-  std::int64_t const n = std::int64_t(r.experts) * r.stride;  // 8-byte words of a sums buffer
-  // whether [p, p + np) and [q, q + nq) do not overlap (a null range overlaps nothing)
-  auto apart = [](unsigned long long const* p, std::int64_t np, unsigned long long const* q, std::int64_t nq) {
-    auto const a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(q);
-    return !p || !q || a + std::uintptr_t(np) * 8u <= b || b + std::uintptr_t(nq) * 8u <= a;
-  };
-  return a.count == 1 && r.wt && r.norm_w && r.acc && r.experts > 0 && r.experts <= kRouteMaxExperts &&
-         r.experts % 8 == 0 && r.stride >= 1 && (reinterpret_cast<std::uintptr_t>(r.wt) & 15u) == 0 &&
-         apart(r.zero, n, r.acc, n) &&  // the sums zeroed apart from the sums added to
-         (!r.done || ((reinterpret_cast<std::uintptr_t>(r.done) & 7u) == 0 && apart(r.done, 1, r.acc, n) &&
-                      apart(r.done, 1, r.zero, n))) &&
-         // blocks of at least 10 rows: fewer than 512 partials per sum (kRouteFixedClamp)
-         (a.task_begin[1] + 9) / 10 < 512;
-}
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream,
@@ -1612,24 +1520,12 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      auto one = [&](auto kernel, int bw, std::size_t extra = 0) {  // every warp one row (matvec_lane_one_warps)
-        if (cudaError_t e = allow_dynamic_smem(kernel, smem + extra); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem + extra, stream,
-                         a, x, pro, am);
+      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
+        if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
       };
       bool const h16 = !kRow && matvec_fp8_h16();
-      int const bw = matvec_lane_one_warps(total);
-      if (a.route.wt) {  // the router epilogue: its one-row instances only (matvec_route_split_fits)
-        if constexpr (kRow) {
-          return cudaErrorNotSupported;
-        } else {
-          if (!(bw > 0 && ku == 8 && full && !h16) || am.key || !route_split_args_ok(a)) return cudaErrorNotSupported;
-          std::size_t const part = std::size_t(bw) * std::size_t(a.route.experts) * 2;  // the warps' BF16 rows
-          return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10, true>, 10, part)
-                          : one(matvec_lane_kernel<K, 8, 2, true, false, 12, true>, 12, part);
-        }
-      }
-      if (bw > 0 && ku == 8 && full && !h16)
+      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
       auto lane = [&](auto h16) {
         constexpr bool kH = decltype(h16)::value;
@@ -1642,7 +1538,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       else return h16 ? lane(std::true_type{}) : lane(std::false_type{});
     }
   }
-  if (a.route.wt) return cudaErrorNotSupported;  // LING_MATVEC_LANE=0: no router epilogue in the pipelined kernel
   if constexpr (!kRow) {
     if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
     if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
@@ -1652,12 +1547,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
 // LING_MATVEC_PIPE=0 turns the pipelined kernel off (A/B measurements); read at each launch.
 inline bool matvec_pipe_enabled() {
   return !env_off("LING_MATVEC_PIPE");
-}
-// Whether a block-FP8 matvec of `rows` rows and `cols` columns would run matvec_lane_kernel's one-row instances, the
-// only ones with the router epilogue (the same choice as launch_matvec_pipe's; the caller then sets MultiArgs::route).
-inline bool matvec_route_split_fits(std::int64_t rows, std::int64_t cols) {
-  return cols == 512 * 8 && matvec_pipe_enabled() && matvec_lane_enabled() && !matvec_fp8_h16() &&
-         matvec_lane_one_warps(rows) > 0;  // 4096 FP8 columns: whole rows of 8 chunks per lane (ku 8, full)
 }
 
 // The launch is written in a function templated on the kernel key (not the policy) so that nvcc's host stub never
@@ -1669,15 +1558,6 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
                                 cudaStream_t stream) {
   using P = policy_of<K>;
   constexpr int NR = kNR > 0 ? kNR : kMatvecRows<P>;
-  if (a.route.wt) {  // the router epilogue: block FP8 on launch_matvec_pipe's one-row instances only
-    if constexpr (std::is_same_v<P, quant::Fp8Block> && kNR == 0 && kMinBlocks == 0) {
-      int const ku = pipe_unroll(a.m[0].ld / 16);
-      if (ku == 0 || a.count != 1 || am.key || !matvec_pipe_enabled()) return cudaErrorNotSupported;
-      return launch_matvec_pipe(K{}, a, x, pro, ku, stream);
-    } else {
-      return cudaErrorNotSupported;
-    }
-  }
   if constexpr (kNR == 0 && kMinBlocks == 0 && has_fast_kernel<P>) {
     int const ku = pipe_unroll(a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)) / 16);
     bool same_ld = true;
@@ -1813,22 +1693,6 @@ cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, 
   return detail::launch_multi<P, 16>(ws, y, [&](kernels::MultiArgs const& a) {
     return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
   });
-}
-
-template <quant::weight_policy P>
-cudaError_t launch_matvec_route_split(DeviceMatrix<P> const& w, float const* x, float* y, InputPrologue const& pro,
-                                      float const* residual, RouteSplit const& route, cudaStream_t stream) {
-  if constexpr (!std::is_same_v<P, quant::Fp8Block>) {
-    return cudaErrorNotSupported;
-  } else {
-    if (!route.wt || !kernels::matvec_route_split_fits(w.rows(), w.cols())) return cudaErrorNotSupported;
-    DeviceMatrix<P> const* one[1] = {&w};
-    bool ok = false;
-    kernels::MultiArgs a = kernels::multi_args<P>(one, 1, y, residual, ok);
-    if (!ok) return cudaErrorInvalidValue;
-    a.route = route;
-    return kernels::launch_matvec_args<P>(a, x, pro, {}, stream);
-  }
 }
 
 }  // namespace ling::cuda

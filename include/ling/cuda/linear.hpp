@@ -276,46 +276,6 @@ struct InputPrologue {
   int flags = kFusedWeights | kPrefetchWeights;
 };
 
-// ---- the router's logits split over the rows of the launch before the MoE (o_proj, MLA dense) --------------
-// The MoE's router reads u = RMSNorm(h) · g, h being the output of the launch before it (o_proj + residual), so its
-// logits Σ_i W_r[e, i] g_i h_i / rms(h) wait for every row of h: by default MoE launch A computes them from its own
-// staged input, and its blocks meet at a grid barrier before the selection. The sums split over h's rows: the block
-// of the output launch that computes rows i (one per warp: linear.cuh's matvec_lane_kernel, its one-row instances)
-// adds its partial sums Σ_{i in block} W_r[e, i] g_i h_i for every expert e, and launch A only scales them by its
-// own 1 / rms(h): no router rows, no barrier. The router is held transposed for this (wt: [rows][experts] BF16, a
-// row of 1 KB at 512 experts, copied before the PDL wait: it depends on nothing). The blocks' partials meet in 64-bit
-// fixed point (kRouteFixedOne units): integer adds are associative, so the sums, and the picks, are the same bits in
-// every run whatever the blocks' order; fp32 atomics would not be. docs/kernels.md "The router's logits split over
-// o_proj".
-inline constexpr float kRouteFixedOne = 4294967296.0f;  // 2^32 units per 1.0
-// A block's partial is clamped to ±kRouteFixedClamp (|partial| ≤ 2^22: 2^54 units; < 512 blocks stay < 2^63). So a
-// non-finite partial becomes a finite bound: NaN in h still gives NaN logits (launch A's 1 / rms is NaN), but +Inf in
-// h gives 1 / rms = 0, logits of ±0 and picks from the bias alone, where the router rows give NaN logits; the MoE's
-// outputs are NaN either way (h reaches them). A NaN or Inf in the router or g alone is clamped silently.
-inline constexpr float kRouteFixedClamp = 4194304.0f;
-inline constexpr int kRouteMaxExperts = 512;  // launch A's RouteAhead: kRouteAhead (2) experts per thread of 256+
-struct RouteSplit {
-  void const* wt = nullptr;            // [rows][experts] BF16, the router transposed; null: no router epilogue
-  float const* norm_w = nullptr;       // [rows] the MoE input's RMSNorm weight g
-  unsigned long long* acc = nullptr;   // fixed-point sums, expert e at acc[e * stride] (zero before the launch)
-  unsigned long long* zero = nullptr;  // another layer's sums (read by a launch that has ended): block 0 zeroes them
-  int experts = 0, stride = 1;
-  // The sums' flag (optional; null: none; 8-byte aligned, apart from the sums): once a block's sums are added, its
-  // thread 0 adds grid_round::increment to *done with release semantics (gpu scope), so the counter reaches 2^32 from
-  // zero exactly when every block's sums, and its outputs, are visible; MoE launch A can then await the flag instead of
-  // the PDL wait (MoeArgs::route_done). The caller zeroes it before the launch, where no reader of its last value can
-  // still run (the model: a memset after each step).
-  unsigned long long* done = nullptr;
-};
-
-// y = W · prologue(x) + residual (residual may alias y, or be null) with the router epilogue: route.acc[e · stride] +=
-// the fixed-point partial sums of Σ_i route.wt[i][e] · route.norm_w[i] · y[i] over this launch's rows i (all of them
-// in total: W's rows are the router's columns). Block FP8 with 4096 columns and a row count that takes the one-row
-// blocks (matvec_route_split_fits), experts a multiple of 8 up to kRouteMaxExperts; else cudaErrorNotSupported.
-template <quant::weight_policy P>
-cudaError_t launch_matvec_route_split(DeviceMatrix<P> const& w, float const* x, float* y, InputPrologue const& pro,
-                                      float const* residual, RouteSplit const& route, cudaStream_t stream);
-
 // y[rows] = W x, x fp32 [cols], fp32 accumulation. Returns cudaErrorInvalidValue for an empty matrix; graph-safe
 // (no allocation, no host synchronisation).
 template <quant::weight_policy P>

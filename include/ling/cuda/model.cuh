@@ -30,30 +30,6 @@ namespace ling::cuda {
 
 enum class WeightKind { kEmbedding, kHead, kRouter, kDense, kExpert };
 
-namespace kernels {
-// dst[c][r] = src[r][c] for a rows × cols matrix of 16-bit values, through 32 × 32 tiles of shared memory (load time:
-// the routers transposed for CudaModelOptions::router_in_oproj).
-// (A template, so that the header may reach several translation units of one program, as every kernel here.)
-template <class T>
-__global__ void __launch_bounds__(256)
-    transpose_kernel(T const* __restrict__ src, T* __restrict__ dst, std::int64_t rows, std::int64_t cols) {
-  __shared__ T tile[32][33];
-  std::int64_t const c0 = std::int64_t(blockIdx.x) * 32, r0 = std::int64_t(blockIdx.y) * 32;
-  int const tx = int(threadIdx.x & 31), ty = int(threadIdx.x >> 5);
-  for (int i = ty; i < 32; i += 8)
-    if (r0 + i < rows && c0 + tx < cols) tile[i][tx] = src[(r0 + i) * cols + c0 + tx];
-  __syncthreads();
-  for (int i = ty; i < 32; i += 8)
-    if (c0 + i < cols && r0 + tx < rows) dst[(c0 + i) * rows + r0 + tx] = tile[tx][i];
-}
-}  // namespace kernels
-inline void transpose_u16(std::uint16_t const* src, std::uint16_t* dst, std::int64_t rows, std::int64_t cols) {
-  require(rows > 0 && cols > 0 && (rows + 31) / 32 <= 65535, ErrorCode::kInternal, "transpose: shape out of range");
-  dim3 const grid(unsigned((cols + 31) / 32), unsigned((rows + 31) / 32));
-  kernels::transpose_kernel<std::uint16_t><<<grid, 256>>>(src, dst, rows, cols);
-  check(cudaGetLastError(), "router transpose");
-}
-
 class CudaModel {
  public:
   // ---- construction -------------------------------------------------------------------------------
@@ -87,10 +63,6 @@ class CudaModel {
   cudaStream_t stream() const { return stream_; }
   float const* logits_device() const { return logits_; }
   std::size_t arena_bytes() const { return arena_.bytes(); }
-  // Layers whose router logits are split over their attention output (CudaModelOptions::router_in_oproj).
-  int router_split_layers() const { return nsplit_; }
-  // Whether launch A awaits the split's flag (CudaModelOptions::router_flag) instead of its PDL wait.
-  bool router_flag_on() const { return route_done_ != nullptr; }
 
   // ---- the step --------------------------------------------------------------------------------------
   // Zero caches, position 0.
@@ -230,10 +202,6 @@ class CudaModel {
     double expert_bytes = 0;  // gate + up + down of one expert
     ModelMatrix sg, su, sd;   // shared expert or dense MLP
     float limit = 0, shared_limit = 0;
-    // router_in_oproj: the router transposed ([hidden][experts] BF16) for the attention output's router epilogue, and
-    // this layer's index among such layers (its sums: route_acc_ + split · experts · route_stride_); -1: none
-    void* router_t = nullptr;
-    int split = -1;
   };
   struct Layer {
     bool mla = false;
@@ -260,10 +228,6 @@ class CudaModel {
     require(c.family == Family::kLing, ErrorCode::kUnsupported,
             c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
     require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
-    opt_.router_in_oproj = env_int("LING_ROUTER_OPROJ", opt_.router_in_oproj ? 1 : 0) != 0;
-    opt_.router_flag = env_int("LING_ROUTE_FLAG", opt_.router_flag ? 1 : 0) != 0;
-    // sums this many 8-byte words apart (A/B; 1 measured best: 2.326 ms/token against 2.424 at 4 and 2.335 at 16)
-    route_stride_ = std::clamp(env_int("LING_ROUTE_ACC_STRIDE", 1), 1, 64);
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
@@ -437,7 +401,6 @@ class CudaModel {
     head_fp8_ = ModelMatrix{MatFormat::kFp8Row, arena_.take(std::size_t(V * D)), arena_.take(std::size_t(V) * 4), V, D};
     layers_.assign(std::size_t(c.num_hidden_layers), Layer{});
     std::int64_t act_max = 1;
-    int nsplit = 0;  // layers with the router's logits split over their attention output (router_in_oproj)
     for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
       Layer& l = layers_[std::size_t(i)];
       std::string const p = "model.layers." + std::to_string(i) + ".";
@@ -502,16 +465,6 @@ class CudaModel {
           f.sd = mat(m + "shared_experts.down_proj.weight", D, Is, WeightKind::kDense);
           require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
         }
-        // router_in_oproj: the launch before the MoE (o_proj, MLA dense) adds the logits' sums, which launch A takes
-        // (both sides' conditions; where either fails the layer keeps the router rows in launch A)
-        ModelMatrix const& om = l.mla ? l.m.dense : l.k.o;
-        if (opt_.router_in_oproj && !f.mma && ops::fused_router_enabled() && f.router.format == MatFormat::kBf16 &&
-            E % 8 == 0 && E <= kRouteMaxExperts && om.format == MatFormat::kFp8Block && ops::fast_rows(om) &&
-            om.rows == D && kernels::matvec_route_split_fits(om.rows, om.cols) &&
-            ops::moe_split_fits(f.routed, f.sg.format, c.shared_width() > 0, prologue_flags(), int(E))) {
-          f.split = nsplit++;
-          f.router_t = arena_.take(std::size_t(D * E) * 2);
-        }
         act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
       } else {
         std::int64_t const I = c.intermediate_size;
@@ -553,18 +506,6 @@ class CudaModel {
         l.k.ring = scratch<float>(kc * 3 * P);
       }
     }
-    // router_in_oproj: each such layer's sums are zeroed by the next such layer's launch (the first layer's by the
-    // last's, one step later), which needs two layers at least; with fewer, none splits (the arena keeps the copies)
-    nsplit_ = nsplit >= 2 ? nsplit : 0;
-    if (nsplit_ == 0)
-      for (auto& l : layers_) l.f.split = -1;
-    route_acc_ = scratch<unsigned long long>(std::int64_t(nsplit_) * c.num_experts * route_stride_);
-    // router_flag: each splitting layer's two flags (o_proj's sums for launch A: RouteSplit::done; launch A's for
-    // launch B: MoeArgs::a_done), each on a 128-byte line of its own, zeroed after each step (enqueue_step). Not with
-    // LING_SKIP=oproj, mla or moea (measurements): a launch would await a flag nobody raises.
-    route_done_ = opt_.router_flag && nsplit_ > 0 && !skipped("oproj") && !skipped("mla") && !skipped("moea")
-                      ? scratch<unsigned long long>(std::int64_t(nsplit_) * 2 * kRouteFlagWords)
-                      : nullptr;
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
@@ -587,13 +528,6 @@ class CudaModel {
     rnd::quantize_fp8_rows(head_src_, static_cast<E4m3*>(const_cast<void*>(head_fp8_.data)),
                            static_cast<float*>(const_cast<void*>(head_fp8_.scales)));
     weight_bytes_ += std::size_t(head_fp8_.bytes());
-    for (auto& l : layers_)
-      if (l.f.split >= 0) {
-        ModelMatrix const& r = l.f.router;
-        transpose_u16(static_cast<std::uint16_t const*>(r.data), static_cast<std::uint16_t*>(l.f.router_t), r.rows,
-                      r.cols);
-        weight_bytes_ += std::size_t(r.rows * r.cols) * 2;
-      }
     check(cudaDeviceSynchronize(), "building the CUDA model");
     // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
     // launch errors early; then back to a fresh stream.
@@ -696,7 +630,7 @@ class CudaModel {
                                      : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
         po.flags = prologue_flags();
         if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
-        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}}, route_split(l));
+        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
           ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
@@ -716,7 +650,7 @@ class CudaModel {
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
         trace_at(i, 2);
-        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}}, route_split(l));
+        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
       }
       FfnL& f = l.f;
       ops::MoeArgs a;
@@ -734,14 +668,7 @@ class CudaModel {
         bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() && f.router.format == MatFormat::kBf16 &&
                           ops::fast_rows(f.router) && !ops::matvec_preload_enabled();
         trace_at(i, 3);
-        if (f.split >= 0) {  // the attention output's blocks computed the logits' sums (route_split)
-          a.route_acc = route_sums(f.split);
-          a.route_acc_stride = route_stride_;
-          if (route_done_) {
-            a.route_done = route_flag(f.split);        // their flag
-            a.a_done = route_flag(nsplit_ + f.split);  // launch A's, for launch B
-          }
-        } else if (in_a) {
+        if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
         } else if (!skipped("router")) {
@@ -768,32 +695,7 @@ class CudaModel {
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::trace_next() = nullptr;
     if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
-    // router_flag: the flags back to zero for the next step. A memset is a full dependency (not PDL): it starts once
-    // the whole step has completed, so no launch A still reads a flag, and the next step's launches start after it, so
-    // none reads a flag's old value (a launch A polls before its PDL wait, so only a full dependency orders it).
-    if (route_done_)
-      check(cudaMemsetAsync(route_done_, 0, std::size_t(nsplit_) * 2 * kRouteFlagWords * 8, st), "router flags reset");
   }
-
-  // router_in_oproj: layer split's logit sums, and the router epilogue of layer l's attention output launch (none when
-  // the layer does not split): its sums, and the previous splitting layer's to zero (that layer's launch A has ended
-  // before this launch's wait; the first layer zeroes the last's, which the previous step's launch A read).
-  unsigned long long* route_sums(int split) const {
-    return route_acc_ + std::int64_t(split) * c_.num_experts * route_stride_;
-  }
-  kernels::RouteSplit route_split(Layer const& l) const {
-    if (l.f.split < 0) return {};
-    kernels::RouteSplit r;
-    r.wt = l.f.router_t;
-    r.norm_w = l.post_norm;
-    r.acc = route_sums(l.f.split);
-    r.zero = route_sums(l.f.split == 0 ? nsplit_ - 1 : l.f.split - 1);
-    r.experts = int(c_.num_experts);
-    r.stride = route_stride_;
-    if (route_done_) r.done = route_flag(l.f.split);  // router_flag: the sums' flag (zeroed after each step)
-    return r;
-  }
-  unsigned long long* route_flag(int split) const { return route_done_ + std::int64_t(split) * kRouteFlagWords; }
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
   //  LING_MLA_KERNEL=1 forces the CUDA-core attention, =2 the tensor-core one with padded cache tiles, =3 the
@@ -870,13 +772,6 @@ class CudaModel {
   int* sel_idx_ = nullptr;
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
-  // router_in_oproj: nsplit_ layers' fixed-point logit sums, route_stride_ words apart (linear.hpp RouteSplit)
-  unsigned long long* route_acc_ = nullptr;
-  int nsplit_ = 0, route_stride_ = 1;
-  // router_flag: 2 nsplit_ flags (o_proj's for launch A, then launch A's for launch B), kRouteFlagWords 8-byte words
-  // apart (null without router_flag)
-  static constexpr std::int64_t kRouteFlagWords = 16;
-  unsigned long long* route_done_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;

@@ -16,21 +16,6 @@ struct CudaModelOptions {
   // gets fewer SMs than the device has (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts), else the step fails
   // with a launch error after seconds (the barrier is bounded; it never hangs).
   bool router_in_moe = true;
-  // The router's logits split over the launch before the MoE (o_proj, or the MLA dense): each of its blocks adds its
-  // rows' share of Σ_i W_r[e, i] g_i h_i in 64-bit fixed point, and MoE launch A only scales the sums by its own
-  // 1 / rms(h), so no router rows and no grid barrier stand before the selection (linear.hpp RouteSplit). Takes the
-  // layers whose attention output runs the one-row block-FP8 kernel (4096 columns) with a BF16 router of at most 512
-  // experts, when at least two layers qualify; the others keep router_in_moe. Holds a transposed copy of each such
-  // router (2 bytes per hidden size × experts). The sums are zeroed by the step itself, so a step that throws midway
-  // (a launch refused) can leave some behind, as it leaves the caches half-updated: reset() zeroes both. Off: measured
-  // slower on the H200 (2.326 against 2.249 ms/token: o_proj's atomics cost more than launch A gains; docs/kernels.md).
-  // LING_ROUTER_OPROJ=1 / 0 overrides it.
-  bool router_in_oproj = false;
-  // With router_in_oproj: MoE launch A awaits a flag that the split's blocks raise after their sums (a release add
-  // each, one acquire poll per block of launch A) instead of PDL's wait for the whole launch before, which the step
-  // timeline puts 1.1-2.3 µs after that launch's last block (linear.hpp RouteSplit::done); launch B awaits launch A's
-  // flag the same way. Off: measured slower (PDL's wait is the faster handoff); LING_ROUTE_FLAG=1 / 0 overrides it.
-  bool router_flag = false;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.

@@ -268,19 +268,13 @@ inline bool matvec_preload_enabled() {
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
-// route (its wt set): the router epilogue (kernels::RouteSplit) on the one matrix's launch, a block-FP8 matrix for
-// which kernels::matvec_route_split_fits holds (the caller checks; else this throws).
-inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list,
-                   kernels::RouteSplit const& route = {}) {
+inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   std::int64_t const cols = list.begin()->m->cols;
   require(pa.kind != Prologue::kHeadScale ||
               (pa.head_ss && pa.ss_parts >= 1 && pa.head > 0 && cols % pa.head == 0),
           ErrorCode::kInternal, "matvec: the head-scale prologue needs each head's partial sums");
-  ModelMatrix const& m0 = *list.begin()->m;
-  require(!route.wt || (list.size() == 1 && m0.format == MatFormat::kFp8Block && fast_rows(m0) && route.experts > 0),
-          ErrorCode::kInternal, "matvec: the router epilogue needs one block-FP8 matrix");
   bool done[kMax] = {};
   std::size_t i0 = 0;
   for (auto const& first : list) {
@@ -290,7 +284,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
     with_policy(f, fast, [&](auto p) {
       using P = decltype(p);
       constexpr bool kFp8 = std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>;
-      bool const mma = kFp8 && !route.wt && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
+      bool const mma = kFp8 && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
       int const NR = mma ? 16 : kernels::kMatvecRows<P>;  // the tensor-core kernel's tasks are 16-row tiles
       kernels::MultiArgs a{};
       std::size_t k = 0;
@@ -307,13 +301,6 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
       a.trace = trace_next();
-      if constexpr (std::is_same_v<P, quant::Fp8Block>) {
-        if (route.wt) {  // the router epilogue: launch_matvec_args's one-row instances only (else it refuses)
-          a.route = route;
-          check(kernels::launch_matvec_args<P>(a, x, pa, {}, st), "matvec with the router epilogue");
-          return;
-        }
-      }
       if (mma) {
         check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
         return;
@@ -409,15 +396,6 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // set with route (and no router rows): the logits' fixed-point split sums from the launch before
-  // (kernels::RouteSplit), expert e at route_acc[e · route_acc_stride]; launch A scales them by its own 1 / rms (no
-  // router launch, no barrier)
-  unsigned long long const* route_acc = nullptr;
-  int route_acc_stride = 1;
-  // with route_acc, optional: the sums' flag (kernels::RouteSplit::done), which launch A awaits instead of its PDL wait
-  unsigned long long const* route_done = nullptr;
-  // with route_done, optional: launch A's flag, which launch B awaits instead of its PDL wait (kernels::MoeArgs)
-  unsigned long long* a_done = nullptr;
   float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
   bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
   // shared / dense
@@ -430,15 +408,6 @@ struct MoeArgs {
   float* act = nullptr;   // [top_k * inter + shared_inter]
   bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
 };
-
-// Whether MoE launch A can take the router's split sums (MoeArgs::route_acc) for experts in `routed` and a shared
-// expert in `shared` (none: shared_inter 0), with the model's prologue flags: what the model checks at load before it
-// splits a layer, so that a layer it cannot split keeps the router rows in launch A instead of failing at the first step.
-inline bool moe_split_fits(MatFormat routed, MatFormat shared, bool has_shared, int prologue_flags, int experts) {
-  return routed == MatFormat::kMxfp4 && (!has_shared || shared == MatFormat::kFp8Block) &&
-         (prologue_flags & PrologueArgs::kFusedWeights) && experts <= kernels::kRouteAhead * 16 * 32 &&
-         kernels::moe_split_switches_ok();
-}
 
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
 // block FP8 (generic kernel when its rows are not whole chunks). Without routed experts (dense MLP) the routed
@@ -494,20 +463,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.router_out = a.route->logits;
       k.grid_bar = a.grid_bar;
     }
-    if (a.route_acc) {
-      require(!a.router && a.route_acc_stride >= 1, ErrorCode::kInternal,
-              "moe: the logits' split sums with router rows");
-      k.route_acc = a.route_acc;
-      k.route_acc_stride = a.route_acc_stride;
-      k.route_done = a.route_done;
-      k.a_done = a.a_done;
-      k.route_ahead = 1;
-    }
   }
-  require(!a.route_done || (a.route && a.route_acc), ErrorCode::kInternal,
-          "moe: the sums' flag without the split sums");
-  require(!a.a_done || (a.route_done && !a.skip_a), ErrorCode::kInternal,
-          "moe: launch A's flag without the sums' flag, or without launch A");
   k.top_k = a.top_k;
   k.routed_limit = a.limit;
   k.trace_a = trace_next();

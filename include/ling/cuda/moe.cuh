@@ -66,19 +66,6 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // The router's logits split over the launch before (linear.cuh RouteSplit: o_proj or the MLA dense computed their
-  // fixed-point sums of Σ W_r g h): the streamed launch A's kSplit instance selects from them times its own 1 / rms
-  // (no router rows, no grid barrier); launch_moe_gate_up_stream refuses the launch where that instance cannot run.
-  unsigned long long const* route_acc = nullptr;
-  int route_acc_stride = 1;
-  // With route_acc, optional: the sums' flag (RouteSplit::done), which launch A's kSplit instance awaits instead of the
-  // PDL wait (route_flag_wait); its PDL wait then comes at the end, so that its completion still follows the launch
-  // before's.
-  unsigned long long const* route_done = nullptr;
-  // With route_done, optional: launch A's own flag (zero before the launch, 8-byte aligned). Launch A's kSplit instance
-  // raises it at its end as o_proj raises route_done (route_flag_raise), and launch B's instance at Ling's shape awaits
-  // it instead of its PDL wait (its PDL wait then at its end); B's other instances keep their PDL wait.
-  unsigned long long* a_done = nullptr;
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -154,38 +141,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
       if (grid_round::reached(v, target)) break;
       if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
     }
-  }
-  __syncthreads();
-}
-
-// MoE launch A's kSplit instance with the sums' flag (MoeArgs::route_done): instead of its PDL wait, thread 0 polls the
-// flag until every block of the launch before has added its grid_round increment (2^32 from zero: RouteSplit::done),
-// then the block barrier. It spins on relaxed loads and ends with one acquire load (the value only grows within a step,
-// and an acquire that reads the last add synchronizes with every block's release, whose adds continue one another's
-// release sequences), so the SM's L1 is invalidated once, not at every poll. Each block's release add follows its sums,
-// its outputs and its own PDL wait, so the acquire orders them, and everything that launch had waited for, before this
-// block's reads. The sums are read with __ldcg; the staged input u (the launch before's output) with __ldg, the
-// non-coherent path, which is safe because ptxas compiles the acquire to LDG.E.64.STRONG.GPU then CCTL.IVALL (cuobjdump
-// of the kSplit instance): the SM's L1, unified with the texture path, is invalidated, so no line of u that an earlier
-// launch left on this SM survives the poll, and this block reads none before it (no other block shares its SM: its
-// shared memory and registers leave no room). The launch before's blocks are all resident (PDL starts this launch only
-// once each of them has passed its trigger, at entry), so the poll cannot hold an SM one of them needs. Bounded in time
-// (%globaltimer, 20 s) like grid_barrier: a flag that never completes (impossible when the launch before ran with the
-// flag) traps instead of hanging.
-// The producer's side: linear.cuh route_flag_raise.
-__device__ __forceinline__ void route_flag_wait(unsigned long long const* done) {
-  if (threadIdx.x == 0) {
-    constexpr std::uint64_t kGoal = std::uint64_t(1) << 32;
-    std::uint64_t const t0 = global_ns();
-    for (unsigned n = 0;; ++n) {
-      unsigned long long v;
-      asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
-      if (grid_round::reached(v, kGoal)) break;
-      if ((n & 1023u) == 1023u && global_ns() - t0 > 20'000'000'000ull) __trap();  // never in a correct launch
-    }
-    unsigned long long v;  // one acquire: at the goal already (the relaxed load read it there; the count only grows)
-    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(done) : "memory");
-    while (!grid_round::reached(v, kGoal));
   }
   __syncthreads();
 }
@@ -1291,8 +1246,7 @@ struct MoeShareState {
   int done[kW];                                     // items done per tile (tile k: warp k's)
   float2 part[kW][kMoeShareGroups][kMoeShareRows];  // {gate, up} partial of row i, group g
 };
-// kSplit: the router's logits from the launch before's split sums (MoeArgs::route_acc), scaled by this block's 1 / rms.
-template <int kW, bool kBiased, int kDiag = 0, bool kSplit = false>
+template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
   extern __shared__ float4 smem_f4[];
@@ -1407,22 +1361,10 @@ __global__ void __launch_bounds__(kW * 32, 1)
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
   if (ahead) route_ahead_bias(a.route, ra);
-  if (kSplit && a.route_done)
-    route_flag_wait(a.route_done);  // the PDL wait comes at the end
-  else
-    pdl_wait();
+  pdl_wait();
   trace_mark(a.trace_a, 1);
-  [[maybe_unused]] float rinv =
-      0.f;  // kSplit: 1 / rms of the input (stage_input's fused RMSNorm path; the launcher checks)
-  if constexpr (kSplit) {
-    RouteRaw raw;
-    route_ahead_split(a.route_acc, a.route_acc_stride, a.route.experts, raw);  // in flight while the input is staged
-    stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro, &rinv);
-    route_ahead_scale(ra, raw, rinv);
-  } else {
-    if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
-    stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-  }
+  if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
+  stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
   if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
     cp_async_wait(0);
@@ -1656,10 +1598,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
         }
       }
     }
-  }
-  if (kSplit && a.route_done) {
-    if (a.a_done) route_flag_raise(a.a_done);  // launch B may await it
-    pdl_wait();                                // route_flag_wait: this launch completes after the launch before it
   }
   trace_end(a.trace_a);
 }
@@ -1980,14 +1918,6 @@ inline bool moe_wg_a_fits(MoeArgs const& a, StreamPlan const& sp, int blocks) {
   return true;
 }
 
-// Whether launch A can take the router's split sums (MoeArgs::route_acc: its kSplit instance) under the switches read
-// at launch: the streamed int8 path with the biased lookup on 16 warps. The formats (MXFP4 experts, FP8-block or no
-// shared expert), the fused RMSNorm staging (stage_input_fits_rms) and the stream plan are the launch's own checks; the
-// model checks the formats and the prologue flags at load too (ops::moe_split_fits).
-inline bool moe_split_switches_ok() {
-  return moe_stream_mode() >= 1 && moe_q8_mode() >= 1 && moe_q8u_on() && moe_stream_warps_a() == 16;
-}
-
 // Launch A on the streamed kernel when it applies (MXFP4 experts on the int8 path, FP8-block or no shared expert,
 // 16-byte aligned rows); false: not launched.
 template <class PE, class PS>
@@ -2030,14 +1960,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    if (a.route_acc) {  // the logits' split sums: the kSplit instance (16 warps, biased lookup), or no launch at all
-      bool const ok = moe_split_switches_ok() && !a.router.data && a.route.logits && a.route_ahead &&
-                      (reinterpret_cast<std::uintptr_t>(a.route_done) & 7u) == 0 &&
-                      (reinterpret_cast<std::uintptr_t>(a.a_done) & 7u) == 0 && (!a.a_done || a.route_done) &&
-                      a.route.experts <= kRouteAhead * 16 * 32 && stage_input_fits_rms(u, pro);
-      if (!ok || !go(moe_gate_up_stream_kernel<16, true, 0, true>, 16)) err = cudaErrorNotSupported;
-      return true;
-    }
     // LING_MOE_SHARE=1 (a trial): the routed decode shared by the block's warps (kDiag 10)
     if (moe_share_a() && biased && warps == 16 && moe_share_fits(sp, nblk))
       return go(moe_gate_up_stream_kernel<16, true, 10>, 16);
@@ -2158,8 +2080,7 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // first row requested before the block barrier, into L2 (prefetch.global.L2) or into registers after the
 // quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
 // the staged inputs also covered the rows).
-// kFlag: launch A's flag (MoeArgs::a_done) awaited instead of the PDL wait, which comes at the end (route_flag_wait).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false, bool kFlag = false>
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -2183,10 +2104,7 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         warp_prefetch(static_cast<char const*>(a.sdown.data) + r * srb, (rows - r < R ? rows - r : R) * srb);
     }
   }
-  if constexpr (kFlag)
-    route_flag_wait(a.a_done);
-  else
-    pdl_wait();
+  pdl_wait();
   trace_mark(a.trace_b, 1);
   // once: staged by stage_down_lane_once; uniform
   bool const once = kOnce && stage_down_lane_once(xs, s_slots, q, sx, h, a, nq, n_sh);
@@ -2263,7 +2181,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
       if (lane == 0 && r0 + n < rows) out[r0 + n] = residual ? residual[r0 + n] + sum : sum;
     }
   }
-  if constexpr (kFlag) pdl_wait();  // this launch completes after launch A
   trace_end(a.trace_b);
 }
 
@@ -2315,11 +2232,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
-      if (a.a_done && a.route_done)  // launch A's flag: launch A is the kSplit instance, which raises it
-        return go(moe_down_lane_kernel<KS, 6, true, 1, true, true>);
-      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
-    }
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
@@ -2335,13 +2248,10 @@ cudaError_t launch_moe_gate_up_keyed(KE, KS, MoeArgs const& a, float const* u, I
   using PS = policy_of<KS>;
   std::int64_t n_stage = staged_elems<PE>(a.gate);
   if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  if ((a.route_done && !a.route_acc) || (a.a_done && !a.route_done))  // the flags belong to the split sums
-    return cudaErrorInvalidValue;
   {
     cudaError_t err = cudaSuccess;
     if (launch_moe_gate_up_stream<PE, PS>(a, u, pro, h, stream, err)) return err;
   }
-  if (a.route_acc) return cudaErrorNotSupported;  // the split sums: the streamed kernel's kSplit instance only
   if (a.router.data) {  // the register kernels do not read router rows: their own launch first
     cudaError_t const e = launch_router_logits(a, u, pro, stream);
     if (e != cudaSuccess) return e;

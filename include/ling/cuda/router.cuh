@@ -54,26 +54,6 @@ __device__ __forceinline__ void route_ahead_logits(RouteSel const& a, RouteAhead
   }
 }
 
-// The logits from the sums split over o_proj's rows (linear.cuh RouteSplit; MoE launch A's kSplit instance): thread
-// i's experts' fixed-point sums of Σ W_r g h, loaded right after the wait and held as integers while the input is
-// staged (converted at once, the conversion waited for the loads before the staging's own loads went out: cuobjdump,
-// I2F.S64 right behind them); route_ahead_scale then turns them into floats times the block's 1 / rms(h).
-struct RouteRaw {
-  unsigned long long v[kRouteAhead];
-};
-__device__ __forceinline__ void route_ahead_split(unsigned long long const* acc, int stride, int experts,
-                                                  RouteRaw& raw) {
-#pragma unroll
-  for (int k = 0; k < kRouteAhead; ++k) {
-    int const e = int(threadIdx.x) + k * int(blockDim.x);
-    raw.v[k] = e < experts ? __ldcg(acc + std::int64_t(e) * stride) : 0ull;
-  }
-}
-__device__ __forceinline__ void route_ahead_scale(RouteAhead& r, RouteRaw const& raw, float s) {
-#pragma unroll
-  for (int k = 0; k < kRouteAhead; ++k) r.l[k] = float(static_cast<long long>(raw.v[k])) * (1.0f / kRouteFixedOne) * s;
-}
-
 // An expert's score from its router logit, as the CPU router computes it (the value of linear.cuh's gate_sigmoid;
 // kept as a division, the form every selection path was measured with).
 __device__ __forceinline__ float router_score(float l) { return 1.0f / (1.0f + expf(-l)); }
