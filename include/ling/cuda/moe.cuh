@@ -1060,6 +1060,7 @@ struct StreamPlan {
   int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
   int tiles_per_slot = 0, shared_tiles = 0, tiles = 0;
   int slot_bytes = 0;                                   // launch B: one routed slot's region of a buffer
+  int share_chunks = 1;  // launch A's shared routed decode (kDiag 10): chunks per lane and row of one item
 };
 
 __device__ __forceinline__ std::uint32_t addr_skew(void const* p) {
@@ -1233,12 +1234,15 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
-// kDiag 10 (a trial, LING_MOE_SHARE=1; moe_share_fits): the routed tiles' decode shared by every warp. The paced issue
+// kDiag 10 (a trial, LING_MOE_SHARE=c; moe_share_fits): the routed tiles' decode shared by every warp. The paced issue
 // lands a block's tiles in warp order, and each warp decoded its own tile, so the last tiles' decode (~1.9 µs for one
-// warp alone, bench/probes/tile_landing) trailed their landing while the warps done early sat idle. Here each routed
-// tile is kMoeShareGroups items of one chunk per lane and row (chunks j with j / 16 = g), drawn from a block counter in
-// tile order by any warp once its own shared-expert tile is done; an item's partials go to shared memory, and the
-// warp that completes a tile's last item adds them up in group order and writes its rows.
+// warp alone, bench/probes/tile_landing) trailed their landing while the warps done early sat idle. Here a routed tile
+// of NG = nblk / 16 chunk groups (group g: chunks j with j / 16 = g; Ling: 5) is ceil(NG / c) items of c groups each
+// (StreamPlan::share_chunks = c: chunks per lane and row of an item), drawn from a block counter in tile order by any
+// warp once its own shared-expert tile is done, or once it has issued its own routed tile; an item's partials go to
+// shared memory, and the warp that completes a tile's last item adds them up in item order and writes its rows. c ≥ NG
+// leaves one item per tile: whole tiles taken in landing order by whichever warp is free (a control for the items'
+// cost).
 inline constexpr int kMoeShareGroups = 8, kMoeShareRows = 4;  // at most: 128 · 32 columns, 4 rows per routed tile
 template <int kW>
 struct MoeShareState {
@@ -1470,6 +1474,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
+    if (kShare && tile_of(m) >= sp.shared_tiles) break;  // its routed tile: decoded by the items below
     mbar_wait(bars + m % D, unsigned(m / D) & 1u);  // tile m has landed
     if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
@@ -1542,16 +1547,19 @@ __global__ void __launch_bounds__(kW * 32, 1)
     }
   }
   if constexpr (kShare) {
-    // every warp, its own shared-expert tile done, draws the block's routed items: tile k (of warp k: the launcher
-    // checks one tile per warp) and chunk group g (chunks j ≡ sl mod 16 with j / 16 = g), in the order the tiles land
-    int const NG = nblk >> 4, items = (ntiles - ns) * NG;
+    // every warp, its own shared-expert tile done or its own routed tile issued, draws the block's routed items: tile k
+    // (of warp k: the launcher checks one tile per warp) and item c of C groups (groups C c .. C c + C - 1 of the
+    // tile's NG), in the order the tiles land
+    int const NG = nblk >> 4, C = sp.share_chunks < NG ? sp.share_chunks : NG, NI = (NG + C - 1) / C;
+    int const items = (ntiles - ns) * NI;
     for (;;) {
       int n = 0;
       if (lane == 0) n = atomicAdd(&s_share.next, 1);
       n = __shfl_sync(0xffffffffu, n, 0);
       if (n >= items) break;
-      int const k = ns + n / NG, g = n - (n / NG) * NG;
+      int const k = ns + n / NI, c = n - (n / NI) * NI;
       mbar_wait(s_bar + k * kStreamMaxStages, 0u);  // warp k's tile (its first buffer) has landed
+      if (a.trace_mid == 4) trace_mark_max(a.trace_a, 2);  // the latest landing a warp saw: the block's last tile
       unsigned char const* base = ring0 + std::size_t(k) * std::size_t(D) * std::size_t(sp.stage_bytes);
       int const tr = b + k * G - sp.shared_tiles, s = tr / sp.tiles_per_slot;
       std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
@@ -1561,35 +1569,38 @@ __global__ void __launch_bounds__(kW * 32, 1)
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
                                 addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      int const hs = lane >> 4, j = (lane & 15) + 16 * g;  // lanes 0-15 row i0, 16-31 row i0 + 1
-      float const xsc = sx[j];
+      int const hs = lane >> 4, g0 = c * C, g1 = g0 + C < NG ? g0 + C : NG;  // lanes 0-15 row i0, 16-31 row i0 + 1
       for (int i0 = 0; i0 < nr; i0 += 2) {
         int const i = i0 + hs;
         float ag = 0.f, au = 0.f;
         if (i < nr) {
-          uint4 const v[2] = {reinterpret_cast<uint4 const*>(base + i * rb)[j],
-                              reinterpret_cast<uint4 const*>(base + (R + i) * rb)[j]};
-          int2 d[2];
-          q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
-          ag = fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)) * (ue8m0_float_sel(gsc[i * nblk + j]) * xsc);
-          au = fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)) * (ue8m0_float_sel(usc[i * nblk + j]) * xsc);
+          for (int g = g0; g < g1; ++g) {
+            int const j = (lane & 15) + 16 * g;
+            float const xsc = sx[j];
+            uint4 const v[2] = {reinterpret_cast<uint4 const*>(base + i * rb)[j],
+                                reinterpret_cast<uint4 const*>(base + (R + i) * rb)[j]};
+            int2 d[2];
+            q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
+            ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
+            au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
+          }
         }
         for (int o = 8; o > 0; o >>= 1) {
           ag += __shfl_xor_sync(0xffffffffu, ag, o);
           au += __shfl_xor_sync(0xffffffffu, au, o);
         }
-        if (i < nr && (lane & 15) == 0) s_share.part[k][g][i] = make_float2(ag, au);
+        if (i < nr && (lane & 15) == 0) s_share.part[k][c][i] = make_float2(ag, au);
       }
       __threadfence_block();
       __syncwarp();
       int last = 0;
-      if (lane == 0) last = atomicAdd(&s_share.done[k], 1) == NG - 1;
-      if (__shfl_sync(0xffffffffu, last, 0)) {  // the tile's last group: its rows in group order, so the same bits
-        __threadfence_block();                  // whichever warps computed the groups
+      if (lane == 0) last = atomicAdd(&s_share.done[k], 1) == NI - 1;
+      if (__shfl_sync(0xffffffffu, last, 0)) {  // the tile's last item: its rows in item order, so the same bits
+        __threadfence_block();                  // whichever warps computed the items
         if (lane < nr) {
           float ag = 0.f, au = 0.f;
-          for (int gg = 0; gg < NG; ++gg) {
-            float2 const pv = s_share.part[k][gg][lane];
+          for (int cc = 0; cc < NI; ++cc) {
+            float2 const pv = s_share.part[k][cc][lane];
             ag += pv.x;
             au += pv.y;
           }
@@ -1797,8 +1808,9 @@ inline int moe_stream_stage_cap() {
 // =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
 // elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
-// LING_MOE_SHARE=1: launch A's routed decode shared by the block's warps (kDiag 10, a trial)
-inline bool moe_share_a() { return env_level("LING_MOE_SHARE", 1) == 1; }
+// LING_MOE_SHARE=c (1-8): launch A's routed decode shared by the block's warps, c chunks per lane and row of an item
+// (kDiag 10, a trial; StreamPlan::share_chunks); 0 or unset: off
+inline int moe_share_a() { return env_level("LING_MOE_SHARE", kMoeShareGroups); }
 // Where kDiag 10 applies on 16 warps: one block per SM and at most one tile per warp (tile k of a block is warp k's),
 // rows of 16 · g blocks of 32 columns with g ≤ kMoeShareGroups, at most kMoeShareRows rows per routed tile.
 inline bool moe_share_fits(StreamPlan const& sp, std::int64_t nblk) {
@@ -1960,9 +1972,11 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    // LING_MOE_SHARE=1 (a trial): the routed decode shared by the block's warps (kDiag 10)
-    if (moe_share_a() && biased && warps == 16 && moe_share_fits(sp, nblk))
+    // LING_MOE_SHARE=c (a trial): the routed decode shared by the block's warps (kDiag 10)
+    if (int const c = moe_share_a(); c > 0 && biased && warps == 16 && moe_share_fits(sp, nblk)) {
+      sp.share_chunks = c;
       return go(moe_gate_up_stream_kernel<16, true, 10>, 16);
+    }
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
