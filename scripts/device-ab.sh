@@ -2,6 +2,8 @@
 # A/B on the GPU machine after device-test.sh built build/device: `ling bench` at one context for each variant (env
 # settings separated by commas; variants by spaces), alternating binaries/variants in one process run each, plus an
 # optional benchmark filter of bench/cuda_ops. Usage: bash scripts/device-ab.sh "VAR=1 VAR=0,OTHER=1" [bench-filter] [reps]
+# LING_AB_TRACE=1: also one traced step per variant (LING_TRACE, context 0; LING_AB_TRACE_MOEA=n sets LING_TRACE_MOEA),
+# its timeline in $OUT/trace-<n>.csv and the KDA layers' region medians printed (tools/perf/trace_summary.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -11,8 +13,16 @@ if [ -n "${2:-}" ]; then
   $B/bench/cuda_ops --benchmark_filter="$2" --benchmark_min_time=0.2 >"$OUT/ab-bench.log" 2>&1
   grep manual_time "$OUT/ab-bench.log" | awk '{print $1, $NF, $(NF-1)}' | sed 's/us_per_op=//'
 fi
+n=0
 for v in default $1; do
   e=""; [ "$v" != default ] && e=${v//,/ }
   r=$(env $e $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 ")
   echo "$v: $r" | tee -a "$OUT/ab.log"
+  if [ "${LING_AB_TRACE:-0}" = 1 ]; then
+    n=$((n + 1))
+    env $e LING_TRACE="$OUT/trace-$n.csv" ${LING_AB_TRACE_MOEA:+LING_TRACE_MOEA=$LING_AB_TRACE_MOEA} \
+      $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
+    python3 tools/perf/trace_summary.py "$OUT/trace-$n.csv" 2>&1 | grep -E "^region|^kda|period" | sed "s/^/  [$n] /" |
+      tee -a "$OUT/ab.log"
+  fi
 done
