@@ -3,7 +3,7 @@
 # settings separated by commas; variants by spaces), alternating binaries/variants in one process run each, plus an
 # optional benchmark filter of bench/cuda_ops. Usage: bash scripts/device-ab.sh "VAR=1 VAR=0,OTHER=1" [bench-filter] [reps]
 # LING_AB_TRACE=1: also one traced step per variant (LING_TRACE, context 0; LING_AB_TRACE_MOEA=n sets LING_TRACE_MOEA),
-# its timeline in $OUT/trace-<n>.csv and the KDA layers' region medians printed (tools/perf/trace_summary.py)
+# its timeline in $OUT/trace-<n>.csv and the KDA and MLA layers' region medians printed (tools/perf/trace_summary.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -22,7 +22,7 @@ for v in default $1; do
     n=$((n + 1))
     env $e LING_TRACE="$OUT/trace-$n.csv" ${LING_AB_TRACE_MOEA:+LING_TRACE_MOEA=$LING_AB_TRACE_MOEA} \
       $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
-    python3 tools/perf/trace_summary.py "$OUT/trace-$n.csv" 2>&1 | grep -E "^region|^kda|period" | sed "s/^/  [$n] /" |
+    python3 tools/perf/trace_summary.py "$OUT/trace-$n.csv" 2>&1 | grep -E "^region|^kda|^mla|period" | sed "s/^/  [$n] /" |
       tee -a "$OUT/ab.log"
   fi
 done

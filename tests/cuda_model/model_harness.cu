@@ -9,8 +9,8 @@
 
 namespace ling::test_gpu {
 
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int steps,
-                              std::int32_t token, std::vector<std::int32_t> const* feed) {
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int mla_short,
+                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
   std::ifstream f(config_json);
   require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
   nlohmann::json j = nlohmann::json::parse(f);
@@ -21,6 +21,7 @@ FlashSteps flash_random_steps(std::string const& config_json, int layers, std::u
   cuda::CudaModelOptions o;
   o.max_context = 64;
   o.use_graph = graph;
+  o.mla_short = mla_short;
   auto m = cuda::CudaModel::random(c, seed, o);
   FlashSteps out;
   std::vector<float> host(static_cast<std::size_t>(c.vocab_size));

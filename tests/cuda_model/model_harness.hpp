@@ -13,9 +13,9 @@ struct FlashSteps {
 };
 
 // Ling-3.0-flash's widths (config_json: tests/data/ling3-flash-config) cut to `layers` layers, random weights on the
-// GPU from `seed`: `steps` decode steps, the first on `token`, step s > 0 on feed[s - 1] when feed is given, else on
-// the previous step's greedy pick.
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int steps,
-                              std::int32_t token, std::vector<std::int32_t> const* feed = nullptr);
+// GPU from `seed`: `steps` decode steps from position 0, the first on `token`, step s > 0 on feed[s - 1] when feed is
+// given, else on the previous step's greedy pick. graph, mla_short: CudaModelOptions::use_graph and ::mla_short.
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int mla_short,
+                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed = nullptr);
 
 }  // namespace ling::test_gpu

@@ -119,12 +119,13 @@ void compare_prompt(std::string const& name, ling::runtime::Session& cpu, ling::
 
 // Fresh random prompts until the checkpoint has one compared prefill and `decode_steps` compared decode steps (at
 // most kMaxPrompts), so that excused near ties cannot make the test pass vacuously.
-void compare(std::string const& name, int prompt_len, int decode_steps) {
+void compare(std::string const& name, int prompt_len, int decode_steps,
+             ling::cuda::CudaModelOptions const& opts = {4096, false, true}) {
   std::string const dir = std::string(LING_TEST_DATA) + "/" + name;
   CAPTURE(name);
   auto cpu = ling::runtime::Session::open(dir);
   // BF16 head here (the CPU head is BF16); the online FP8 head is compared on its own below
-  auto gpu = ling::cuda::CudaSession::open(dir, {4096, false, true});
+  auto gpu = ling::cuda::CudaSession::open(dir, opts);
   unsigned const seed = std::random_device{}();
   MESSAGE(name << ": prompt seed " << seed);
   std::mt19937 rng{seed};
@@ -225,13 +226,13 @@ TEST_CASE("launch A's shared routed decode: deterministic, and the default's log
   unsetenv("LING_MOE_SHARE");
   std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
   int const steps = 8;
-  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, steps, 3000);
+  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, 0, steps, 3000);
   REQUIRE(base.logits.size() == std::size_t(steps));
   for (char const* c : {"1", "2", "8"}) {
     CAPTURE(c);
     setenv("LING_MOE_SHARE", c, 1);
-    auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, steps, 3000, &base.picks);
-    auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4245, false, steps, 3000, &base.picks);
+    auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, 0, steps, 3000, &base.picks);
+    auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4245, false, 0, steps, 3000, &base.picks);
     unsetenv("LING_MOE_SHARE");
     REQUIRE(graph.logits.size() == std::size_t(steps));
     REQUIRE(eager.logits.size() == std::size_t(steps));
@@ -246,6 +247,67 @@ TEST_CASE("launch A's shared routed decode: deterministic, and the default's log
         CHECK(e > 0.0);   // the shared decode ran (its order of the sums is not the default's)
       }
     }
+  }
+}
+
+// The MLA attention chain in one launch at short contexts (CudaModelOptions::mla_short, a trial: mla.cuh
+// mla_short_kernel), on the tests/data checkpoints: the CUDA session's prefill is one step per token, so the prompt
+// (positions 0-22) and the decode steps (23-34) all run it.
+// - Against the CPU model, as the usual step is checked.
+// - Graph replay against eager launches, bit for bit, over 48 steps: positions 23-70 cross from the short step's graph
+//   to the usual one at 64, which both runs do at the same step.
+// - Against the usual step: not bit-identical (another order of the sums), so the short kernel did run.
+TEST_CASE("CUDA model with the MLA chain in one launch at short contexts = CPU model; deterministic") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_MLA_SHORT");
+  ling::cuda::CudaModelOptions shrt{4096, false, true};
+  shrt.mla_short = 64;
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    CAPTURE(n);
+    compare(n, 23, 12, shrt);
+    ling::cuda::CudaModelOptions eager = shrt;
+    eager.use_graph = false;
+    Divergence const d = diverge(n, shrt, eager, 23, 48, 4321);
+    CHECK(d.differing == 0);
+    CHECK(d.nan == 0);
+    CHECK(diverge(n, shrt, {4096, false, true}, 23, 8, 4321).differing > 0);
+  }
+}
+
+// The same at Ling-3.0-flash's widths (6 layers, layer 5 an MLA layer, kv_b in block FP8: 32 heads of 128 KB rows):
+// 8 steps from position 0 against the usual step, whose tensor-core attention rounds Q̂ and P to bf16, so within 1e-2
+// (its kernel test's bound against the fp32 reference) and not equal; graph = eager bit for bit.
+TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 of the usual step, deterministic") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_MLA_SHORT");
+  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
+  int const steps = 8;
+  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4246, true, 0, steps, 3001);
+  auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4246, true, 64, steps, 3001, &base.picks);
+  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4246, false, 64, steps, 3001, &base.picks);
+  REQUIRE(graph.logits.size() == std::size_t(steps));
+  REQUIRE(eager.logits.size() == std::size_t(steps));
+  for (int s = 0; s < steps; ++s) {
+    CAPTURE(s);
+    CHECK(graph.logits[std::size_t(s)] == eager.logits[std::size_t(s)]);
+    double const e = rel_l2(graph.logits[std::size_t(s)], base.logits[std::size_t(s)]);
+    CHECK(e < 1e-2);  // NaN fails
+    CHECK(e > 0.0);
+  }
+}
+
+// CudaModelOptions::mla_short past the kernel's contract is refused at construction, naming the field.
+TEST_CASE("CUDA model refuses mla_short above 64") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_MLA_SHORT");
+  ling::cuda::CudaModelOptions o{4096, false, true};
+  o.mla_short = 65;
+  try {
+    (void)ling::cuda::CudaSession::open(std::string(LING_TEST_DATA) + "/ling-a-fp8", o);
+    FAIL("mla_short 65 was accepted");
+  } catch (ling::Error const& e) {
+    CHECK(e.code() == ling::ErrorCode::kInvalidArgument);
+    CHECK(std::string(e.what()).find("mla_short") != std::string::npos);
   }
 }
 

@@ -8,9 +8,12 @@
 //    the row groups. Extra blocks write the new cache row and the roped q_rope part (in parallel with the matvec).
 //  - mla_uv_fast_kernel: a warp owns 4 rows of one head; lane keeps its o_lat chunk(s) in registers for all 4 rows.
 // Shapes whose rows are not whole 16-byte chunks take the element-wise kernels (mla_prepare_kernel, mla_uv_kernel).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
+#include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/mla.hpp"
 #include "ling/cuda/mla_mma.cuh"
 #include "ling/cuda/model_ops.cuh"
@@ -83,16 +86,24 @@ template <> struct MlaChunk<MatFormat::kMxfp4> {
   }
 };
 
+// Values per 16 bytes of kv_b storage (MlaChunk<F>::kElems), 0 for a format without a chunk decoder.
+inline int mla_chunk_elems(MatFormat f) {
+  switch (f) {
+    case MatFormat::kF32:
+      return 4;
+    case MatFormat::kBf16:
+      return 8;
+    case MatFormat::kFp8Block:
+    case MatFormat::kFp8Row:
+      return 16;
+    case MatFormat::kMxfp4:
+      return 32;
+  }
+  return 0;
+}
 // The fast kv_b paths need rows of whole 16-byte chunks (kv_b.cols == rank) at a 16-byte aligned base.
 inline bool mla_kvb_vectorizable(MlaDecodeArgs const& a) {
-  int e = 0;
-  switch (a.kv_b.format) {
-    case MatFormat::kF32: e = 4; break;
-    case MatFormat::kBf16: e = 8; break;
-    case MatFormat::kFp8Block:
-    case MatFormat::kFp8Row: e = 16; break;
-    case MatFormat::kMxfp4: e = 32; break;
-  }
+  int const e = mla_chunk_elems(a.kv_b.format);
   return e > 0 && a.kv_b.cols == a.d.rank && a.d.rank % e == 0 && reinterpret_cast<std::uintptr_t>(a.kv_b.data) % 16 == 0;
 }
 
@@ -617,9 +628,212 @@ inline Status mla_can_implement(MlaDims const& d) {
   return Status::ok();
 }
 
-// The three launches after the projections; out [H·dv] goes to the dense matvec.
+// ---- the short-context chain in one launch (MlaDecodeArgs::kernel kMlaShortKernel) ----------------------------------
+// At context 0 the chain above is four launches for ~4 MB of kv_b and a few cache rows: q̂ (mla_qhat_kernel), the
+// attention on one split, the combine and W_UV (mla_uv_fast_kernel), each waiting for the one before (session 24's
+// trace: 22.3 µs per MLA layer with the dense matvec, where a KDA layer's o_proj region takes 4.3). Every step of it is
+// per head but the cache row, which every head can form itself. So one block per head does it all: its kv_b rows (W_UK
+// then W_UV, one contiguous span: 128 KB in FP8 at Ling's shape) are copied into shared memory before the PDL wait
+// (they depend on nothing); after it the block forms the new cache row in shared memory (block 0 also stores it), q̂
+// (the warps' partial sums over W_UK's rows meet in shared memory), the scores of the `len` = position + 1 tokens (a
+// warp per token, the cache rows from L2, the new one from shared memory), the softmax, o_lat (a thread per column)
+// and W_UV · o_lat times the gate. All in fp32 (the tensor-core attention rounds Q̂ and P to bf16), so its outputs are
+// within 1e-4 of the CUDA-core chain's (another order of the sums). It also stores q̂ (a.q_hat), as the chain does.
+// The caller guarantees len ≤ kMlaShortMaxLen (the model takes this kernel only in its short-context graph); a longer
+// context gets NaN outputs, never a partial attention. Needs rows of at most 32 chunks (lane = chunk) and the shared
+// memory of mla_short_smem (mla_short_fits).
+inline constexpr int kMlaShortThreads = 512, kMlaShortWarps = kMlaShortThreads / 32;
+
+// Dynamic shared memory: the head's kv_b rows as stored, the new cache row (bf16, 16-byte padded), then fp32: the
+// warps' partial q̂ [warps][rank], q̂ [latent], o_lat [rank], the scores [kMlaShortMaxLen] and a block_sum scratch.
+inline std::size_t mla_short_smem(MlaDims const& d, int elems) {
+  std::size_t const w = std::size_t(d.nope + d.v) * std::size_t(d.rank / elems) * 16;
+  std::size_t const row = (std::size_t(d.latent()) * 2 + 15) / 16 * 16;
+  std::size_t const f = std::size_t(kMlaShortWarps) * d.rank + d.latent() + d.rank + kMlaShortMaxLen + 32;
+  return w + row + f * 4;
+}
+inline bool mla_short_fits(MlaDecodeArgs const& a) {
+  int const e = mla_chunk_elems(a.kv_b.format);
+  return mla_kvb_vectorizable(a) && mla_can_implement(a.d).is_ok() && a.d.rank / e <= 32 &&
+         reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
+         mla_short_smem(a.d, e) <= std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
+
+template <MatFormat F>
+__global__ void __launch_bounds__(kMlaShortThreads, 1)
+    mla_short_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
+  using D = MlaChunk<F>;
+  constexpr int E = D::kElems, NW = kMlaShortWarps;
+  extern __shared__ __align__(16) unsigned char smraw[];
+  MlaDims const d = a.d;
+  int const h = int(blockIdx.x), tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  int const L = d.latent(), r = d.rank, nch = r / E, rows = d.nope + d.v;
+  std::int64_t const rb = std::int64_t(nch) * 16, row0 = std::int64_t(h) * rows;
+  unsigned char* const W = smraw;
+  std::uint16_t* const crow = reinterpret_cast<std::uint16_t*>(smraw + std::int64_t(rows) * rb);
+  float* const red =
+      reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(crow) + (std::size_t(L) * 2 + 15) / 16 * 16);
+  float* const qh = red + NW * r;
+  float* const ol = qh + L;
+  float* const p = ol + r;
+  float* const scratch = p + kMlaShortMaxLen;
+  ops::pdl_trigger();
+  {  // the head's kv_b rows, W_UK then W_UV (one contiguous span): weights, requested before the wait
+    char const* src = static_cast<char const*>(a.kv_b.data) + row0 * rb;
+    std::int64_t const bytes = std::int64_t(rows) * rb;
+    for (std::int64_t off = std::int64_t(tid) * 16; off < bytes; off += std::int64_t(kMlaShortThreads) * 16)
+      kernels::cp_async16(W + off, src + off);
+    kernels::cp_async_commit();
+  }
+  ops::pdl_wait();
+  std::int64_t const t = *a.position, len = t + 1;
+  float const* q = a.q + std::int64_t(h) * d.qk();
+  // the new cache row [RMSNorm(c) | RoPE(k_rope)] as mla_write_cache_row forms it; q̂'s rope part
+  float ss = 0.f;
+  for (int i = tid; i < r; i += kMlaShortThreads) ss += a.kv_a[i] * a.kv_a[i];
+  float const inv = rsqrtf(dev::block_sum(ss, scratch) / float(r) + d.eps);
+  for (int i = tid; i < r; i += kMlaShortThreads) crow[i] = bf16_from_float(a.kv_norm[i] * (a.kv_a[i] * inv)).bits;
+  if (d.use_rope) {
+    for (int j = tid; j < d.rope / 2; j += kMlaShortThreads) {
+      float x0 = a.kv_a[r + 2 * j], x1 = a.kv_a[r + 2 * j + 1];
+      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+      crow[r + 2 * j] = bf16_from_float(x0).bits;
+      crow[r + 2 * j + 1] = bf16_from_float(x1).bits;
+      float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
+      rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
+      qh[r + 2 * j] = y0;
+      qh[r + 2 * j + 1] = y1;
+    }
+  } else {
+    for (int j = tid; j < d.rope; j += kMlaShortThreads) {
+      crow[r + j] = bf16_from_float(a.kv_a[r + j]).bits;
+      qh[r + j] = q[d.nope + j];
+    }
+  }
+  kernels::cp_async_wait(0);
+  __syncthreads();  // the weights have landed; the new row and q̂'s rope part are in shared memory
+  if (h == 0)
+    for (int i = tid; i < L; i += kMlaShortThreads) a.cache[t * L + i] = crow[i];
+  // q̂ = W_UKᵀ q_nope: lane = one 16-byte chunk (E columns) of every row, warp w = rows w, w + NW, ...
+  if (lane < nch) {
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+    for (int n = warp; n < d.nope; n += NW) {
+      float f[E];
+      D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(n) * rb + lane * 16), f);
+      float const s = D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, lane) * q[n];
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(f[e], s, acc[e]);
+    }
+#pragma unroll
+    for (int e = 0; e < E; ++e) red[warp * r + lane * E + e] = acc[e];
+  }
+  __syncthreads();
+  for (int c = tid; c < L; c += kMlaShortThreads) {
+    float v = 0.f;
+    if (c < r) {
+      for (int w = 0; w < NW; ++w) v += red[w * r + c];
+      qh[c] = v;
+    } else {
+      v = qh[c];
+    }
+    a.q_hat[std::int64_t(h) * L + c] = v;
+  }
+  if (len > kMlaShortMaxLen) {  // the caller's contract broken: NaN outputs, not a partial attention (uniform)
+    for (int i = tid; i < d.v; i += kMlaShortThreads) out[std::int64_t(h) * d.v + i] = __uint_as_float(0x7FC00000u);
+    return;
+  }
+  __syncthreads();  // q̂ complete
+  // scores: warp w takes tokens w, w + NW, ...; the new token's row from shared memory, the others from the cache
+  float const qscale = rsqrtf(float(d.qk()));
+  for (int j = warp; j < len; j += NW) {
+    uint4 const* row = reinterpret_cast<uint4 const*>(j == t ? crow : a.cache + std::int64_t(j) * L);
+    float s = 0.f;
+    for (int v = lane; v < L / 8; v += 32) {
+      uint4 const cv = row[v];
+      float4 const qa = *reinterpret_cast<float4 const*>(qh + v * 8),
+                   qb = *reinterpret_cast<float4 const*>(qh + v * 8 + 4);
+      s = fmaf(__uint_as_float(cv.x << 16), qa.x, s);
+      s = fmaf(__uint_as_float(cv.x & 0xFFFF0000u), qa.y, s);
+      s = fmaf(__uint_as_float(cv.y << 16), qa.z, s);
+      s = fmaf(__uint_as_float(cv.y & 0xFFFF0000u), qa.w, s);
+      s = fmaf(__uint_as_float(cv.z << 16), qb.x, s);
+      s = fmaf(__uint_as_float(cv.z & 0xFFFF0000u), qb.y, s);
+      s = fmaf(__uint_as_float(cv.w << 16), qb.z, s);
+      s = fmaf(__uint_as_float(cv.w & 0xFFFF0000u), qb.w, s);
+    }
+    s = dev::warp_sum(s);
+    if (lane == 0) p[j] = s * qscale;
+  }
+  __syncthreads();
+  if (warp == 0) {  // softmax numerators in place; the denominator to scratch[0]
+    float m = -INFINITY;
+    for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+    m = dev::warp_max(m);
+    float l = 0.f;
+    for (int j = lane; j < len; j += 32) {
+      float const e = __expf(p[j] - m);
+      p[j] = e;
+      l += e;
+    }
+    l = dev::warp_sum(l);
+    if (lane == 0) scratch[0] = l;
+  }
+  __syncthreads();
+  float const den = scratch[0];
+  for (int c = tid; c < r; c += kMlaShortThreads) {  // o_lat: a thread per column
+    float acc = 0.f;
+#pragma unroll 8
+    for (int j = 0; j < int(len); ++j) {
+      std::uint16_t const v = j == t ? crow[c] : a.cache[std::int64_t(j) * L + c];
+      acc = fmaf(p[j], __uint_as_float(std::uint32_t(v) << 16), acc);
+    }
+    ol[c] = acc / den;
+  }
+  __syncthreads();
+  // O = W_UV o_lat times the gate: lane = chunk, warp w = rows w, w + NW, ...
+  float x[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) x[e] = lane < nch ? ol[lane * E + e] : 0.f;
+  for (int i = warp; i < d.v; i += NW) {
+    float dot = 0.f;
+    if (lane < nch) {
+      float f[E];
+      D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(d.nope + i) * rb + lane * 16), f);
+#pragma unroll
+      for (int e = 0; e < E; ++e) dot = fmaf(f[e], x[e], dot);
+      dot *= D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + i, lane);
+    }
+    dot = dev::warp_sum(dot);
+    if (lane == 0) {
+      std::int64_t const idx = std::int64_t(h) * d.v + i;
+      float const g = gate_mode == 1 ? dev::sigmoidf_(gate[h]) : gate_mode == 2 ? dev::sigmoidf_(gate[idx]) : 1.f;
+      out[idx] = dot * g;
+    }
+  }
+}
+
+// The launches after the projections; out [H·dv] goes to the dense matvec. kernel kMlaShortKernel: the short-context
+// chain in one launch (mla_short_kernel: the caller guarantees position + 1 ≤ kMlaShortMaxLen), where it fits.
 inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
   mla_can_implement(a.d).throw_if_error();
+  if (a.kernel == kMlaShortKernel) {
+    require(
+        mla_short_fits(a), ErrorCode::kUnsupported,
+        "mla decode: the short-context kernel needs kv_b rows of at most 32 whole 16-byte chunks, a 16-byte aligned "
+        "cache and " +
+            std::to_string(mla_short_smem(a.d, std::max(1, mla_chunk_elems(a.kv_b.format)))) +
+            " bytes of shared memory per block");
+    ops::dispatch_format(a.kv_b.format, [&](auto f) {
+      constexpr MatFormat F = decltype(f)::value;
+      std::size_t const smem = mla_short_smem(a.d, MlaChunk<F>::kElems);
+      ops::allow_smem(mla_short_kernel<F>, smem);
+      ops::launch(mla_short_kernel<F>, unsigned(a.d.heads), kMlaShortThreads, smem, st, a, gate, gate_mode, out);
+    });
+    check_launch("mla_short");
+    return;
+  }
   bool const vec = mla_kvb_vectorizable(a);
   ops::dispatch_format(a.kv_b.format, [&](auto f) {
     constexpr MatFormat F = decltype(f)::value;

@@ -49,7 +49,7 @@ class CudaModel {
     return m;
   }
   ~CudaModel() {
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
+    drop_graph();
     if (stream_) cudaStreamDestroy(stream_);
     if (host_token_) cudaFreeHost(host_token_);
   }
@@ -228,6 +228,10 @@ class CudaModel {
     require(c.family == Family::kLing, ErrorCode::kUnsupported,
             c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
     require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
+    opt_.mla_short = env_int("LING_MLA_SHORT", opt_.mla_short);
+    require(opt_.mla_short >= 0 && opt_.mla_short <= kMlaShortMaxLen, ErrorCode::kInvalidArgument,
+            "CudaModelOptions::mla_short (or LING_MLA_SHORT) is " + std::to_string(opt_.mla_short) +
+                ": the short-context MLA kernel takes positions below at most " + std::to_string(kMlaShortMaxLen));
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
@@ -532,8 +536,13 @@ class CudaModel {
     // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
     // launch errors early; then back to a fresh stream.
     reset();
-    enqueue_step(stream_);
+    enqueue_step(stream_, false);
     synchronize();
+    if (opt_.mla_short > 0) {  // the short-context step's own kernels too (CudaModelOptions::mla_short)
+      reset();
+      enqueue_step(stream_, true);
+      synchronize();
+    }
     reset();
   }
 
@@ -596,7 +605,9 @@ class CudaModel {
     ops::trace_next() = trace_ ? trace_ + (std::int64_t(layer) * kTraceSlots + slot) * ops::kTraceRegion : nullptr;
   }
 
-  void enqueue_step(cudaStream_t st) {
+  // short_mla: the MLA layers' attention chain in one launch (CudaModelOptions::mla_short; only for positions below
+  // it: mla_short_kernel's contract), where mla_short_fits; else the usual launches.
+  void enqueue_step(cudaStream_t st, bool short_mla) {
     ModelConfig const& c = c_;
     embedding({embed_, token_dev_, x_, 1}, st);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
@@ -646,6 +657,7 @@ class CudaModel {
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
         ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
         ma.combine = mla_env().combine;
+        if (short_mla && mla_short_fits(ma)) ma.kernel = kMlaShortKernel;
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -720,32 +732,37 @@ class CudaModel {
   }
 
   void drop_graph() {
-    if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
-    graph_exec_ = nullptr;
+    for (cudaGraphExec_t* g : {&graph_exec_, &graph_short_}) {
+      if (*g) cudaGraphExecDestroy(*g);
+      *g = nullptr;
+    }
   }
 
+  // Positions below CudaModelOptions::mla_short run the short-context step (its own graph), the others the usual one.
   void launch_step() {
+    bool const short_mla = pos_ < opt_.mla_short;
     if (!opt_.use_graph) {
-      enqueue_step(stream_);
+      enqueue_step(stream_, short_mla);
     } else {
-      if (!graph_exec_) {
+      cudaGraphExec_t& graph_exec = short_mla ? graph_short_ : graph_exec_;
+      if (!graph_exec) {
         // Kernel attributes (dynamic shared memory limits) are set on the host during the first enqueue: do it once
         // outside the capture on a throwaway stream state, then capture. The eager pass must not change the caches,
         // so it runs before any token of this stream: snapshot-free because capture happens at the first step.
         cudaGraph_t g = nullptr;
         check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
         try {
-          enqueue_step(stream_);
+          enqueue_step(stream_, short_mla);
         } catch (...) {
           cudaStreamEndCapture(stream_, &g);
           if (g) cudaGraphDestroy(g);
           throw;
         }
         check(cudaStreamEndCapture(stream_, &g), "end capture");
-        check(cudaGraphInstantiate(&graph_exec_, g, 0), "graph instantiate");
+        check(cudaGraphInstantiate(&graph_exec, g, 0), "graph instantiate");
         cudaGraphDestroy(g);
       }
-      check(cudaGraphLaunch(graph_exec_, stream_), "graph launch");
+      check(cudaGraphLaunch(graph_exec, stream_), "graph launch");
     }
     ++pos_;
   }
@@ -777,6 +794,8 @@ class CudaModel {
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cudaGraphExec_t graph_exec_ = nullptr;
+  // the short-context step (CudaModelOptions::mla_short), captured at first use
+  cudaGraphExec_t graph_short_ = nullptr;
   unsigned long long* trace_ = nullptr;  // LING_TRACE: layers × 6 regions (arena)
 };
 

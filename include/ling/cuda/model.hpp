@@ -16,6 +16,11 @@ struct CudaModelOptions {
   // gets fewer SMs than the device has (MPS with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, green contexts), else the step fails
   // with a launch error after seconds (the barrier is bounded; it never hangs).
   bool router_in_moe = true;
+  // Steps at positions below this run each MLA layer's attention chain (q̂, attention, combine, W_UV) as one launch of
+  // a block per head (mla.cuh mla_short_kernel: its kv_b rows requested before its PDL wait), in a graph of their own;
+  // the others run the usual launches. At most 64 (kMlaShortMaxLen); 0: never. A trial, off until measured on the GPU
+  // (docs/kernels.md "The MLA chain in one launch at short contexts"); LING_MLA_SHORT=n overrides it.
+  int mla_short = 0;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.
