@@ -1,7 +1,7 @@
 // Kernel benchmarks of the CUDA model (Google Benchmark, manual time from CUDA events): the fused KDA decode step at
 // Ling's shape (H = 32, K = V = 128: bytes = fp32 state read + write, conv ring, inputs) and the MLA absorbed decode
-// (prepare + split-context attention + combine + W_UV) at contexts 4096 / 32768 / 131072 (bytes = latent cache rows
-// read + kv_b). Counters: GB/s and the fraction of the streaming-read bandwidth measured in the same process.
+// (prepare + split-context attention + combine + W_UV) at contexts 4096 / 32768 / 131072, and at 1 / 33 / 64 tokens
+// the chain against its one-launch form (MlaDecodeArgs::kernel 7) (bytes = latent cache rows read + kv_b). Counters: GB/s and the fraction of the streaming-read bandwidth measured in the same process.
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
@@ -91,7 +91,7 @@ void BM_MlaDecode(benchmark::State& st) {
   a.d = d, a.q = q.data<float>(), a.kv_a = kva.data<float>(), a.kv_norm = kvn.data<float>(), a.kv_b = kvb;
   a.cache = cache.data<std::uint16_t>(), a.max_ctx = ctx + 1, a.position = pos.data<std::int32_t>();
   a.q_hat = qhat.data<float>(), a.splits = sms, a.part_o = po.data<float>(), a.part_ml = pml.data<float>(), a.o_lat = olat.data<float>();
-  a.kernel = int(st.range(1));    // 1 CUDA cores, 2 tensor cores
+  a.kernel = int(st.range(1));  // 0 automatic, 1 CUDA cores, 2 tensor cores, 7 the whole chain in one launch (≤ 64 tokens)
   double bytes = double(ctx + 1) * L * 2 + double(kvb.bytes());
   time_loop(st, bytes, [&] { mla_decode(a, gate.data<float>(), 1, out.data<float>()); });
 }
@@ -99,6 +99,12 @@ void BM_MlaDecode(benchmark::State& st) {
 BENCHMARK(BM_KdaStep)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MlaDecode)
     ->ArgsProduct({{4096, 32768, 131072}, {1, 2}})
+    ->ArgNames({"ctx", "kernel"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+// short contexts: the automatic chain (four launches) against the chain in one launch (mla_short_kernel)
+BENCHMARK(BM_MlaDecode)
+    ->ArgsProduct({{0, 32, 63}, {0, kMlaShortKernel}})
     ->ArgNames({"ctx", "kernel"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
