@@ -181,6 +181,6 @@ fi
 rm -f "$OUT/configure.log" "$OUT/gpu.txt"  # the device tool returns at most 8 files
 echo; echo "==== logs in \$OUT: $(ls "$OUT" | tr '\n' ' ')"
 [ -f "$OUT/gpu-tests.log" ] && grep -E "Passed|Failed|\*\*\*|Skipped" "$OUT/gpu-tests.log" | tail -40
-[ -f "$OUT/ling-bench.md" ] && grep -E "^\||^#|streaming-read|agreement|^trace" "$OUT/ling-bench.md"
+[ -f "$OUT/ling-bench.md" ] && grep -E "^\||^#|streaming-read|agreement|^trace|MLA chain in one launch" "$OUT/ling-bench.md"
 echo; echo "| step | result |"; echo "|---|---|"
 for s in "${SUMMARY[@]}"; do echo "| ${s%%:*} | ${s#*:} |"; done

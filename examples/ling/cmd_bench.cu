@@ -235,6 +235,7 @@ void cmd_bench(BenchArgs const& a) {
     j["context"] = "filled with random cache contents";
     j["read_bandwidth_gb_s"] = bw.gb_per_s;
     j["lm_head"] = a.lm_head;
+    j["mla_short"] = model->mla_short();
     j["gpu_memory_used_gib"] = double(total - free1) / gib;
     j["model_arena_gib"] = double(model->arena_bytes()) / gib;
     j["build_s"] = build_s;
@@ -256,6 +257,11 @@ void cmd_bench(BenchArgs const& a) {
               double(total - free1) / gib, double(model->arena_bytes()) / gib, (long long)max_ctx, build_s);
   std::printf("- LM head: %s; bytes/token = weights %.3f GB + KDA state %.3f GB + MLA cache %.0f B per context token\n",
               a.lm_head == "fp8" ? "online FP8 (row scales)" : "BF16", sb.weights / 1e9, sb.state / 1e9, sb.cache_per_token);
+  if (int const n = model->mla_short(); n > 0)
+    std::printf(
+        "- MLA chain in one launch (mla_short, a trial) at positions below %d; a row times positions context + 4 "
+        "to context + %d\n",
+        n, 3 + a.tokens);
   std::printf("- timing: %d reps × %d greedy tokens per context (graph replays, CUDA events); ms/token median [min–max]\n\n",
               a.reps, a.tokens);
   std::printf("| context | bytes/token (GB) | ms/token | tokens/s | roofline %% |\n|---:|---:|---:|---:|---:|\n");

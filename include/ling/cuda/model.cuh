@@ -63,6 +63,8 @@ class CudaModel {
   cudaStream_t stream() const { return stream_; }
   float const* logits_device() const { return logits_; }
   std::size_t arena_bytes() const { return arena_.bytes(); }
+  // Positions below this run the MLA chain in one launch (CudaModelOptions::mla_short after LING_MLA_SHORT; 0: none).
+  int mla_short() const { return opt_.mla_short; }
 
   // ---- the step --------------------------------------------------------------------------------------
   // Zero caches, position 0.
