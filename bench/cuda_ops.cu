@@ -155,10 +155,9 @@ double multi_bytes(std::vector<std::int64_t> const& rows, std::int64_t cols, std
   return bytes;
 }
 
-// kind 1: the f16 tensor-core kernel (FP8 only); 2: the kernel that preloads its rows into shared memory; 0: the
-// default CUDA-core one.
+// preload: the kernel that copies its rows into shared memory before the PDL wait; false: the default CUDA-core one.
 template <class P>
-void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, int kind = 0) {
+void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, bool preload = false) {
   std::int64_t out = 0;
   double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
@@ -171,9 +170,7 @@ void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std
   DVec x{std::size_t(cols)}, y{std::size_t(out)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
     std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
-    return kind == 1   ? launch_matvec_multi_mma(ws, x.p(), y.p(), s)
-           : kind == 2 ? launch_matvec_multi_preload(ws, x.p(), y.p(), s)
-                       : launch_matvec_multi(ws, x.p(), y.p(), s);
+    return preload ? launch_matvec_multi_preload(ws, x.p(), y.p(), s) : launch_matvec_multi(ws, x.p(), y.p(), s);
   });
 }
 
@@ -335,21 +332,18 @@ int main(int argc, char** argv) {
     BM_MatvecMulti<Fp8Block>(s, {2560}, 4096);
     unsetenv("LING_MATVEC_PIPE");
   });
-  reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) { BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
-  reg("kda_qkvfgb_6x[4096|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, 1); });
-  reg("kda_o_proj_[2560,4096]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, 1); });
+  reg("kda_qkvfgb_fp8_nr2_min2(old)", [](benchmark::State& s) {
+    BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560);
+  });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
   reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
   reg("dense_mlp_gate_up_2x[6144,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560); });
   reg("dense_mlp_down_[2560,6144]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 6144); });
-  reg("kda_o_proj_[2560,4096]_fp8_preload", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, 2); });
-  reg("mla_kv_b_[8192,512]_fp8_preload", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, 2); });
-  reg("mla_q_kva_g_[6144|576|32,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560, 1); });
-  reg("mla_kv_b_[8192,512]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, 1); });
-  reg("dense_mlp_gate_up_2x[6144,2560]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 6144}, 2560, 1); });
-  reg("dense_mlp_down_[2560,6144]_fp8_f16mma", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 6144, 1); });
+  reg("kda_o_proj_[2560,4096]_fp8_preload",
+      [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {2560}, 4096, true); });
+  reg("mla_kv_b_[8192,512]_fp8_preload", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {8192}, 512, true); });
   reg("kda_qkvfgb_6x[4096|32,2560]_bf16", [](benchmark::State& s) { BM_MatvecMulti<Bf16>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560); });
   reg("router_[512,2560]_bf16_topk", [](benchmark::State& s) { BM_Router(s); });
   reg("moe_step_8of512_mxfp4+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, false); });
@@ -359,9 +353,9 @@ int main(int argc, char** argv) {
   reg("moe_gate_up_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, true, false, 32); });
   reg("moe_down_8of32_mxfp4+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4, Fp8Block>(s, 4, 40, false, true, 32); });
   // A/B variants of the same three (moe.cuh reads these at each launch): launch B on the register kernel instead of the
-  // lane kernel, launch A on q8_chunk instead of the biased int8 lookup, launch B's lane kernel with 2 rows per warp, launch A on the register-streaming kernel,
-  // both launches streamed (cp.async), launch A streamed on one block of 16 warps per SM instead of two of 8, both
-  // streamed with int8 in launch B too, the fp32 decoder (register kernels)
+  // lane kernel, launch A on q8_chunk instead of the biased int8 lookup, launch B's lane kernel with 2 rows per warp,
+  // launch A on the register-streaming kernel, launch A streamed on two blocks of 8 or one of 20 warps per SM instead
+  // of one of 16, launch B's register kernel on int8, the fp32 decoder (register kernels)
   struct MoeVariant {
     char const* suffix;
     char const* env[2][2];
@@ -370,11 +364,9 @@ int main(int argc, char** argv) {
                                         {"_q8u0", {{"LING_MOE_Q8U", "0"}, {nullptr, nullptr}}},
                                         {"_rows2", {{"LING_MOE_LANE_ROWS", "2"}, {nullptr, nullptr}}},
                                         {"_register", {{"LING_MOE_STREAM", "0"}, {nullptr, nullptr}}},
-                                        {"_streamAB", {{"LING_MOE_STREAM", "2"}, {nullptr, nullptr}}},
-                                        {"_stream16", {{"LING_MOE_STREAM_WARPS", "16"}, {nullptr, nullptr}}},
                                         {"_streamA8", {{"LING_MOE_STREAM_WARPS_A", "8"}, {nullptr, nullptr}}},
                                         {"_streamA20", {{"LING_MOE_STREAM_WARPS_A", "20"}, {nullptr, nullptr}}},
-                                        {"_q8both", {{"LING_MOE_Q8", "2"}, {"LING_MOE_STREAM", "2"}}},
+                                        {"_q8downreg", {{"LING_MOE_Q8", "2"}, {"LING_MOE_DOWN_LANE", "0"}}},
                                         {"_fp32dec", {{"LING_MOE_Q8", "0"}, {"LING_MOE_STREAM", "0"}}}};
   for (MoeVariant const& v : variants) {
     for (int part = 0; part < 3; ++part) {
@@ -391,9 +383,6 @@ int main(int argc, char** argv) {
       });
     }
   }
-  reg("moe_step_8of512_mxfp4quad_f16mma+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, false); });
-  reg("moe_gate_up_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, true, false); });
-  reg("moe_down_8of512_mxfp4quad_f16mma+shared", [](benchmark::State& s) { BM_MoeStep<Mxfp4QuadMma, Fp8Block>(s, 4, 40, false, true); });
   reg("moe_step_8of512_fp8+shared_fp8", [](benchmark::State& s) { BM_MoeStep<Fp8Block, Fp8Block>(s, 2, 40, false, false); });
   reg("lm_head_[157184,2560]_fp8row_argmax", [](benchmark::State& s) { BM_LmHead<Fp8Row>(s); });
   reg("lm_head_[157184,2560]_bf16_argmax", [](benchmark::State& s) { BM_LmHead<Bf16>(s); });

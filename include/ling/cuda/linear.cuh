@@ -22,7 +22,6 @@
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.hpp"
-#include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/runtime.hpp"
 
 namespace ling::cuda::kernels {
@@ -1005,62 +1004,14 @@ __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& 
   }
 }
 
-// f16 partial sums (opt-in, kH16; LING_FP8_DOT=f16): written in session 9; measured slower in session 10 (H200, context
-// 0: 2.697 against 2.668 ms/token; its test passes; docs/performance.md). The dot above costs
-// ~3 instructions per weight (F2FP to f16 pairs, HADD2.F32 to floats, FFMA). Here each block stages x once more as f16,
-// every 128-column block scaled by a power of two so that |x| < 1 (stage_h16), and a chunk's 16 products are summed in
-// one f16 pair by HFMA2 (8 per half: at most 8 · 448 < 65504, E4M3's largest magnitude being 448), then widened once:
-// ~1.7 instructions per weight. Rounding: each f16 sum step ~2^-11 relative, so the result differs from the fp32 path
-// by ~1e-3 relative (not bit-identical; the tests allow 4e-3). Layout of the f16 copy: chunk j = l + 32u (16 columns)
-// has its two 8-column halves h at bytes (2u + h) · 512 + 16 l, so a lane reads its chunk with two conflict-free
-// 16-byte loads at immediate offsets; the block scales follow (4 kU floats).
-__host__ __device__ constexpr std::size_t h16_bytes(int ku) { return std::size_t(ku) * 1024 + std::size_t(ku) * 16; }
-__device__ __forceinline__ void stage_h16(unsigned char* xh, float* sxh, float const* xs, int nchunks) {
-  int const nb = (nchunks + 7) >> 3, lane = int(threadIdx.x & 31);
-  for (int b = int(threadIdx.x >> 5); b < nb; b += kWarps) {  // one warp per 128-column block, a lane per 4 columns
-    int const c = 128 * b + 4 * lane, j = c >> 4, k = c & 15;
-    bool const ok = j < nchunks;
-    float4 const v = ok ? *reinterpret_cast<float4 const*>(xs + xpad(c)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    unsigned const m = __reduce_max_sync(0xffffffffu, max(max(__float_as_uint(fabsf(v.x)), __float_as_uint(fabsf(v.y))),
-                                                          max(__float_as_uint(fabsf(v.z)), __float_as_uint(fabsf(v.w)))));
-    // amax in [2^(E-127), 2^(E-126)): times 2^(126-E) it lies in [0.5, 1); NaN or Inf makes the block's scale NaN
-    unsigned const E = m >> 23;
-    float const sc = __uint_as_float((E == 0 ? 253u : E > 252u ? 1u : 253u - E) << 23);
-    if (ok) {
-      __half2 const p0 = __floats2half2_rn(v.x * sc, v.y * sc), p1 = __floats2half2_rn(v.z * sc, v.w * sc);
-      uint2 const w = make_uint2(*reinterpret_cast<unsigned const*>(&p0), *reinterpret_cast<unsigned const*>(&p1));
-      *reinterpret_cast<uint2*>(xh + (2 * (j >> 5) + (k >> 3)) * 512 + (j & 31) * 16 + (k & 7) * 2) = w;
-    }
-    if (lane == 0) sxh[b] = m >= 0x7F800000u ? __uint_as_float(0x7FC00000u) : __uint_as_float((E == 0 ? 1u : E > 252u ? 253u : E + 1u) << 23);  // 1 / sc
-  }
-}
-// Σ of one chunk's 16 products from the f16 copy: xa, xb the chunk's two halves of x.
-__device__ __forceinline__ float fp8_chunk_h16(uint4 const& w, uint4 const& xa, uint4 const& xb) {
-  __half2 acc = __float2half2_rn(0.f);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // word i: elements 4i..4i+3 against x words 2(i & 1), 2(i & 1) + 1 of half i / 2
-    std::uint32_t const u = word(w, i);
-    __half2_raw const lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u & 0xFFFFu), __NV_E4M3);
-    __half2_raw const hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u >> 16), __NV_E4M3);
-    uint4 const& xq = i < 2 ? xa : xb;
-    std::uint32_t const x0 = word(xq, 2 * (i & 1)), x1 = word(xq, 2 * (i & 1) + 1);
-    acc = __hfma2(__half2(lo), *reinterpret_cast<__half2 const*>(&x0), acc);
-    acc = __hfma2(__half2(hi), *reinterpret_cast<__half2 const*>(&x1), acc);
-  }
-  float2 const f = __half22float2(acc);
-  return f.x + f.y;
-}
-
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-template <class K, int kU, int kMinBlocks, bool kFull, bool kH16 = false, int kBW = kWarps>
-__global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(MultiArgs a, float const* __restrict__ x,
-                                                                         InputPrologue pro, ArgmaxArgs am) {
+template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps>
+__global__ void __launch_bounds__(kBW * 32, kMinBlocks)
+    matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
   constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
-  static_assert(!kRow || !kH16, "f16 partial sums: block FP8 only");
-  static_assert(!kH16 || kBW == kWarps, "stage_h16 assumes kWarps warps");
   constexpr bool kOne = kBW > kWarps;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
@@ -1081,18 +1032,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
-  unsigned long long best = 0;            // argmax (am.key): this warp's largest key
-  [[maybe_unused]] uint4 const* xh4 = nullptr;
-  [[maybe_unused]] float xsc[kU];
-  if constexpr (kH16) {
-    auto* const xh = reinterpret_cast<unsigned char*>(xs + xs_floats(staged_elems<P>(a.m[0])));
-    auto* const sxh = reinterpret_cast<float*>(xh + kU * 1024);
-    stage_h16(xh, sxh, xs, nchunks);
-    __syncthreads();
-    xh4 = reinterpret_cast<uint4 const*>(xh) + lane;
-#pragma unroll
-    for (int u = 0; u < kU; ++u) xsc[u] = kFull || lane + 32 * u < nchunks ? sxh[(lane >> 3) + 4 * u] : 0.f;
-  }
+  unsigned long long best = 0;           // argmax (am.key): this warp's largest key
   auto load = [&](std::int64_t tn, int& i, LaneRow<kU>& L) {
     while (tn >= a.task_begin[i + 1]) ++i;
     lane_row_load<P, kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
@@ -1102,14 +1042,10 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks) matvec_lane_kernel(Multi
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       if (kFull || lane + 32 * u < nchunks) {
-        if constexpr (kH16) {
-          acc = fmaf(L.sc[u] * xsc[u], fp8_chunk_h16(L.v[u], xh4[64 * u], xh4[64 * u + 32]), acc);
-        } else {
-          uint4 const vv[1] = {L.v[u]};
-          float d[1];
-          FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
-          acc = fmaf(L.sc[u], d[0], acc);
-        }
+        uint4 const vv[1] = {L.v[u]};
+        float d[1];
+        FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
+        acc = fmaf(L.sc[u], d[0], acc);
       }
     }
     float v = warp_sum(acc) * (kRow ? L.rs * post : post);
@@ -1222,227 +1158,6 @@ inline std::int64_t preload_slice(std::int64_t total, std::int64_t row_bytes, in
   return std::size_t(slice * row_bytes) <= kPreloadMaxRowBytes ? slice : 0;
 }
 
-// ---- FP8 matvec on f16 tensor cores (mma.sync.m16n8k16, fp32 accumulate) -----------------------------------------
-// The FP8 matvec's instruction count, not its bytes, bounded the FFMA kernels (ncu 2026-12-01: 7.2 instructions per
-// weight in the KDA projections, IPC 2.6, 55% of issue slots; the converted weights cost 3 of them, the rest is
-// addressing): here each weight costs half a conversion and the multiply-adds go to the tensor cores. A 16-row tile's
-// row g and g + 8 (lane g = lane/4, t = lane%4) are read 16 bytes per lane per 64-column segment: bytes
-// [16t, 16t+16) are four MMAs' A fragments after `cvt e4m3x2 -> f16x2` (exact): MMA j takes elements
-// 16t+4j .. 16t+4j+3 as k = 2t, 2t+1, 2t+8, 2t+9, so the input, staged as two f16 limbs (hi, lo) with a power-of-two
-// scale per segment, keeps its natural order and lane (g < 2, t) reads its B registers with one 8-byte load
-// (column 0 = hi, 1 = lo).
-// D's columns 0 + 1 in the lanes with t = 0 are the segment's dot products of rows g and g + 8.
-__device__ __forceinline__ void mma_f16_acc(float (&d)[4], std::uint32_t const (&a)[4], std::uint32_t b0, std::uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t two) {  // low byte -> low half
-  __half2_raw const h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xFFFFu), __NV_E4M3);
-  return std::uint32_t(h.x) | (std::uint32_t(h.y) << 16);
-}
-inline constexpr int kMmaSeg = 64;         // input elements per x-scale segment (= 64 FP8 bytes of a row)
-inline constexpr int kMmaBatch = 4;        // segments per warp per batch of loads (double-buffered)
-
-// hi/lo f16 limbs of staged xs positions [0, n) (n a multiple of kSeg, kSeg a multiple of 32), element c at limb
-// index pos(c), and a power-of-two scale per kSeg-element segment (x / sx in [2^14, 2^15) at the segment's largest
-// |x|: inside f16's range with the most bits kept; ~22 significant bits in hi + lo); one warp per segment.
-template <int kSeg, class Pos>
-__device__ __forceinline__ void make_f16_limbs(float const* xs, int n, std::uint16_t* hi, std::uint16_t* lo, float* sx,
-                                               Pos pos) {
-  constexpr int kPer = kSeg / 32;
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = int(blockDim.x) >> 5;
-  for (int sg = warp; sg < n / kSeg; sg += nwarps) {
-    float v[kPer];
-    float amax = 0.f;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      v[k] = xs[xpad(sg * kSeg + kPer * lane + k)];
-      amax = fmaxf(amax, fabsf(v[k]));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    int const e = mma16::limb_exponent(__float_as_uint(amax));
-    float const inv = __uint_as_float(std::uint32_t(127 - e) << 23);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      int const c = sg * kSeg + kPer * lane + k;
-      float const sv = v[k] * inv;
-      __half const h = __float2half_rn(sv);
-      hi[pos(c)] = __half_as_ushort(h);
-      lo[pos(c)] = __half_as_ushort(__float2half_rn(sv - __half2float(h)));
-    }
-    if (lane == 0) sx[sg] = __uint_as_float(std::uint32_t(127 + e) << 23);
-  }
-}
-
-// The kernel: a block of 8 warps takes groups of G consecutive 16-row tiles (G = 1, 2, 4 or 8, chosen on the host so
-// that each warp has a few segments): warp w takes tile w / (8 / G) of the group and the segments k, k + 8 / G, ... of
-// its K (k = w % (8 / G)). A warp's segments, over all of its block's groups, are one stream of batches of kS segments
-// (2 rows x 16 bytes per lane each), double-buffered: the next batch's loads are issued before this batch's MMAs, the
-// first batch's before the PDL wait. Each finished group's partial sums meet in shared memory (one barrier per
-// group, two buffers), and threads 0 .. 16G - 1 write its rows.
-// Measured 2026-12-01 (H200, bench/cuda_ops): KDA projections 20.9 µs, o_proj 6.6, MLA q/kv_a/g 8.9, kv_b 3.4, dense
-// gate/up 13.0, down 10.0, against 17.4 / 5.3 / 7.5 / 3.5 / 11.3 / 8.4 for the FFMA kernels, and 3.33 against 3.135
-// ms/token in the model: opt-in. The same kernel with cp.async rings (8 segments per warp in flight, no registers)
-// measured slower still (KDA projections 30.5 µs, 4.27 ms/token): the 64-byte pieces of 8 rows that a warp reads per
-// segment, spread over the K splits and the ring positions, break each row into many small requests, where the FFMA
-// kernel reads whole rows 512 contiguous bytes per instruction (docs/performance.md, session 6).
-template <class P, int kS>
-struct MmaBatch {
-  uint4 v[kS][2];  // rows g and g + 8, 16 bytes per segment
-  float sc[kS];    // the block scale of the segment (Fp8Block), 1 (Fp8Row), 0 (no segment)
-};
-struct MmaGeom {
-  std::int64_t groups, tiles;
-  int G, splits, nseg, nb;  // tiles per group, K splits, segments per row, batches per group
-};
-template <class P, int kS>
-__device__ __forceinline__ void mma_load(MmaBatch<P, kS>& B, MultiArgs const& a, MmaGeom const& q, std::int64_t grp, int b) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  std::int64_t const tile = grp * q.G + warp / q.splits;
-  int const ks = warp % q.splits;
-  bool const ok = tile < q.tiles;
-  int const i = ok ? task_matrix(a, tile) : 0;
-  MatrixArgs const& m = a.m[i];
-  std::int64_t const r0 = ok ? (tile - a.task_begin[i]) * 16 : 0;
-  std::int64_t const last = m.rows - 1;
-  auto const* rg = static_cast<std::uint8_t const*>(m.data) + (r0 + g < last ? r0 + g : last) * m.ld + 16 * t;
-  auto const* rg8 = static_cast<std::uint8_t const*>(m.data) + (r0 + g + 8 < last ? r0 + g + 8 : last) * m.ld + 16 * t;
-#pragma unroll
-  for (int u = 0; u < kS; ++u) {
-    int const s = ks + q.splits * (b * kS + u);
-    bool const has = ok && s < q.nseg;
-    B.v[u][0] = has ? ld_stream(reinterpret_cast<uint4 const*>(rg + s * kMmaSeg)) : make_uint4(0, 0, 0, 0);
-    B.v[u][1] = has ? ld_stream(reinterpret_cast<uint4 const*>(rg8 + s * kMmaSeg)) : make_uint4(0, 0, 0, 0);
-    if constexpr (std::is_same_v<P, quant::Fp8Block>)
-      B.sc[u] = has ? __ldg(static_cast<float const*>(m.scales) + (r0 >> 7) * ((m.cols + 127) >> 7) + ((s * kMmaSeg) >> 7)) : 0.f;
-    else
-      B.sc[u] = has ? 1.f : 0.f;
-  }
-}
-
-template <class K, int kS>
-__global__ void __launch_bounds__(kThreads, 2) matvec_mma_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro,
-                                                                 MmaGeom q) {
-  using P = policy_of<K>;
-  static_assert(std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>, "FP8 policies only");
-  extern __shared__ float4 smem_f4[];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ float s_red[2][kWarps][16];
-  int const cols = int(a.m[0].cols);
-  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(cols));
-  auto* lo = hi + cols + 8;  // 16 bytes apart from hi's banks
-  auto* sx = reinterpret_cast<float*>(lo + cols + 8);
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  int const ks = warp % q.splits;
-  pdl_trigger();
-  trace_mark(a.trace, 0);
-  MmaBatch<P, kS> cur, nxt;
-  std::int64_t grp = blockIdx.x;
-  int b = 0;
-  mma_load(cur, a, q, grp, b);  // weights do not depend on the producer
-  prologue_prefetch(pro, cols);
-  pdl_wait();
-  trace_mark(a.trace, 1);
-  stage_input(xs, x, cols, cols, pro);
-  __syncthreads();
-  make_f16_limbs<kMmaSeg>(xs, cols, hi, lo, sx, [](int c) { return c; });
-  __syncthreads();
-  std::uint16_t const* limb = (g == 0 ? hi : lo) + 16 * t;
-  float acc0 = 0.f, acc1 = 0.f;  // rows g and g + 8 (lanes t = 0)
-  int buf = 0;
-  while (grp < q.groups) {  // block-uniform
-    std::int64_t ngrp = grp;
-    int nb = b + 1;
-    if (nb == q.nb) {
-      nb = 0;
-      ngrp += gridDim.x;
-    }
-    if (ngrp < q.groups) mma_load(nxt, a, q, ngrp, nb);
-#pragma unroll
-    for (int u = 0; u < kS; ++u) {
-      int const s = ks + q.splits * (b * kS + u);
-      if (s < q.nseg) {  // warp-uniform
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          std::uint32_t const wg = word(cur.v[u][0], j), wg8 = word(cur.v[u][1], j);
-          std::uint32_t const af[4] = {e4m3x2_to_f16x2(wg), e4m3x2_to_f16x2(wg8), e4m3x2_to_f16x2(wg >> 16),
-                                       e4m3x2_to_f16x2(wg8 >> 16)};
-          uint2 bb = make_uint2(0, 0);
-          if (g < 2) bb = *reinterpret_cast<uint2 const*>(limb + s * kMmaSeg + 4 * j);
-          mma_f16_acc(d, af, bb.x, bb.y);
-        }
-        float const sc = cur.sc[u] * sx[s];
-        acc0 = fmaf(d[0] + d[1], sc, acc0);
-        acc1 = fmaf(d[2] + d[3], sc, acc1);
-      }
-    }
-    if (b == q.nb - 1) {  // the group is done: reduce over the K splits, write its rows
-      if (t == 0) {
-        s_red[buf][warp][g] = acc0;
-        s_red[buf][warp][g + 8] = acc1;
-      }
-      acc0 = acc1 = 0.f;
-      __syncthreads();
-      if (int(threadIdx.x) < 16 * q.G) {
-        int const ts = threadIdx.x >> 4, row = threadIdx.x & 15;
-        std::int64_t const tile = grp * q.G + ts;
-        if (tile < q.tiles) {
-          int const i = task_matrix(a, tile);
-          std::int64_t const r = (tile - a.task_begin[i]) * 16 + row;
-          if (r < a.m[i].rows) {
-            float v = 0.f;
-            for (int k = 0; k < q.splits; ++k) v += s_red[buf][ts * q.splits + k][row];
-            v *= kPostPlain;
-            if constexpr (std::is_same_v<P, quant::Fp8Row>) v *= __ldg(static_cast<float const*>(a.m[i].scales) + r);
-            if (a.residual[i]) v += a.residual[i][r];
-            a.out[i][r] = v;
-          }
-        }
-      }
-      buf ^= 1;
-    }
-    cur = nxt;
-    grp = ngrp;
-    b = nb;
-  }
-  trace_end(a.trace);
-}
-
-template <class P>
-inline bool matvec_mma_supported(std::int64_t cols) {
-  return (std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>) && cols > 0 && cols % kMmaSeg == 0;
-}
-
-// a.task_begin counts 16-row tiles (finish_multi_args<P, 16>).
-template <class P>
-cudaError_t launch_matvec_mma_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream) {
-  if constexpr (!(std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>)) {
-    return cudaErrorInvalidValue;
-  } else {
-    if (!matvec_mma_supported<P>(a.m[0].cols)) return cudaErrorInvalidValue;
-    int const cols = int(a.m[0].cols);
-    std::size_t const smem = std::size_t(xs_floats(cols)) * sizeof(float) + (std::size_t(cols) + 8) * 4 +
-                             std::size_t(cols / kMmaSeg) * sizeof(float) + 16;
-    MmaGeom q{};
-    q.nseg = cols / kMmaSeg;
-    q.tiles = a.task_begin[a.count];
-    q.G = 1;  // tiles per group: enough K splits for a few segments per warp (>= 4 where the rows allow)
-    while (q.G < kWarps && q.nseg * q.G < 4 * kWarps) q.G *= 2;
-    q.splits = kWarps / q.G;
-    q.nb = (q.nseg + q.splits - 1) / q.splits;
-    q.nb = (q.nb + kMmaBatch - 1) / kMmaBatch;
-    q.groups = (q.tiles + q.G - 1) / q.G;
-    auto kernel = matvec_mma_kernel<P, kMmaBatch>;
-    int blocks = 0;
-    cudaError_t e = persistent_grid(kernel, smem, q.groups, blocks);
-    if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro, q);
-  }
-}
-
 // ---- host side -------------------------------------------------------------------------------------------
 inline int sm_count() {
   static int n = [] {
@@ -1479,14 +1194,7 @@ inline int pipe_unroll(std::int64_t nchunks) {
 }
 // LING_MATVEC_LANE=0: block FP8 on matvec_pipe_kernel instead of matvec_lane_kernel (A/B; the outputs are the
 // same bits); read at each launch.
-inline bool matvec_lane_enabled() {
-  return !env_off("LING_MATVEC_LANE");
-}
-// LING_FP8_DOT=f16: block FP8 on matvec_lane_kernel's f16 partial sums (opt-in, measured slower); read at each launch.
-inline bool matvec_fp8_h16() {
-  char const* e = std::getenv("LING_FP8_DOT");
-  return e && std::strcmp(e, "f16") == 0;
-}
+inline bool matvec_lane_enabled() { return !env_off("LING_MATVEC_LANE"); }
 // Warps per block of matvec_lane_kernel's one-row instances for `total` rows (0: the usual blocks of kWarps). When
 // the usual grid (two blocks of kWarps per SM) would give some warps a second row, one block of w > kWarps warps per
 // w rows, two per SM, gives each warp one row: KDA's o_proj (2560 rows) had 448 warps with a second row, a ~2 µs tail
@@ -1518,24 +1226,22 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block> || kRow) {
     if (kRow || matvec_lane_enabled()) {
-      // rows of exactly 32 ku chunks: no predicates; f16 partial sums (opt-in, see stage_h16): their f16 copy of x too
+      // rows of exactly 32 ku chunks: no predicates
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
       auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
         if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
         return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
       };
-      bool const h16 = !kRow && matvec_fp8_h16();
-      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full && !h16)
-        return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, false, 10>, 10) : one(matvec_lane_kernel<K, 8, 2, true, false, 12>, 12);
-      auto lane = [&](auto h16) {
-        constexpr bool kH = decltype(h16)::value;
-        std::size_t const bytes = smem + (kH ? h16_bytes(ku) : 0);
-        if (ku == 2) return full ? go(matvec_lane_kernel<K, 2, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 2, 3, false, kH>, bytes, am);
-        if (ku == 5) return full ? go(matvec_lane_kernel<K, 5, 3, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 5, 3, false, kH>, bytes, am);
-        return full ? go(matvec_lane_kernel<K, 8, 2, true, kH>, bytes, am) : go(matvec_lane_kernel<K, 8, 2, false, kH>, bytes, am);
-      };
-      if constexpr (kRow) return lane(std::false_type{});
-      else return h16 ? lane(std::true_type{}) : lane(std::false_type{});
+      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full)
+        return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, 10>, 10)
+                        : one(matvec_lane_kernel<K, 8, 2, true, 12>, 12);
+      if (ku == 2)
+        return full ? go(matvec_lane_kernel<K, 2, 3, true>, smem, am)
+                    : go(matvec_lane_kernel<K, 2, 3, false>, smem, am);
+      if (ku == 5)
+        return full ? go(matvec_lane_kernel<K, 5, 3, true>, smem, am)
+                    : go(matvec_lane_kernel<K, 5, 3, false>, smem, am);
+      return full ? go(matvec_lane_kernel<K, 8, 2, true>, smem, am) : go(matvec_lane_kernel<K, 8, 2, false>, smem, am);
     }
   }
   if constexpr (!kRow) {
@@ -1633,7 +1339,7 @@ bool finish_multi_args(MultiArgs& a, float* y, float const* residual) {
   return ok;
 }
 
-template <class P, int NR = kMatvecRows<P>>  // NR: rows per task (16: the tensor-core kernel's tiles)
+template <class P, int NR = kMatvecRows<P>>  // NR: rows per task
 MultiArgs multi_args(DeviceMatrix<P> const* const* ws, int count, float* y, float const* residual, bool& ok) {
   MultiArgs a{};
   a.count = count;
@@ -1661,38 +1367,20 @@ cudaError_t launch_matvec(DeviceMatrix<P> const& w, float const* x, float* y, cu
   return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }
 
-namespace detail {
-// The matrices ws sharing x as one MultiArgs (tasks of NR rows, outputs concatenated into y), handed to `launch`.
-template <class P, int NR = kernels::kMatvecRows<P>, class Launch>
-cudaError_t launch_multi(std::span<DeviceMatrix<P> const* const> ws, float* y, Launch launch) {
-  bool ok = false;
-  kernels::MultiArgs a = kernels::multi_args<P, NR>(ws.data(), int(ws.size()), y, nullptr, ok);
-  return ok ? launch(a) : cudaErrorInvalidValue;
-}
-}  // namespace detail
-
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                 cudaStream_t stream) {
-  return detail::launch_multi<P>(ws, y, [&](kernels::MultiArgs const& a) {
-    return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
-  });
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
+  return ok ? kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream) : cudaErrorInvalidValue;
 }
 
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                         cudaStream_t stream) {
-  return detail::launch_multi<P>(ws, y, [&](kernels::MultiArgs const& a) {
-    return kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream);
-  });
-}
-
-template <quant::weight_policy P>
-cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
-                                    cudaStream_t stream) {
-  return detail::launch_multi<P, 16>(ws, y, [&](kernels::MultiArgs const& a) {
-    return kernels::launch_matvec_mma_args<P>(a, x, InputPrologue{}, stream);
-  });
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
+  return ok ? kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream) : cudaErrorInvalidValue;
 }
 
 }  // namespace ling::cuda

@@ -295,12 +295,6 @@ template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                         cudaStream_t stream);
 
-// The same on f16 tensor cores (FP8-block and FP8-row only, cols a multiple of 64; linear.cuh explains the layout).
-// Measured slower than the CUDA-core kernel (2026-12-01): the model uses it only with LING_MATVEC_KERNEL=mma.
-template <quant::weight_policy P>
-cudaError_t launch_matvec_multi_mma(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
-                                    cudaStream_t stream);
-
 // The same (FP8-block only, cols a whole number of 128-column blocks) on FP8 wgmma, the weights streamed by tensor-map
 // copies (matvec_wg.cuh), with an input prologue and a residual (added at the outputs' offsets, may alias y).
 // cudaErrorInvalidValue where it does not apply. rows_per_unit 32 or 64 forces the kernel's unit of rows; 0 chooses.

@@ -198,7 +198,6 @@ class CudaModel {
     ModelMatrix router;
     float* bias = nullptr;
     MatFormat routed = MatFormat::kMxfp4;
-    bool mma = false;  // routed MXFP4 experts repacked to Mxfp4Quad rows for the tensor-core MoE kernels
     void *g_w = nullptr, *g_s = nullptr, *u_w = nullptr, *u_s = nullptr, *d_w = nullptr, *d_s = nullptr;
     std::int64_t gu_sw = 0, gu_ss = 0, d_sw = 0, d_ss = 0;
     double expert_bytes = 0;  // gate + up + down of one expert
@@ -239,10 +238,6 @@ class CudaModel {
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
                         c.mla_use_rope, c.rope_theta, float(c.rms_norm_eps)};
     mla_can_implement(mla_dims_).throw_if_error();
-    // LING_MOE_KERNEL=mma: routed MXFP4 experts on the f16 tensor-core kernels (needs hidden and
-    // moe_intermediate_size multiples of 128; not yet measured, so not the default).
-    if (char const* k = std::getenv("LING_MOE_KERNEL"); k && std::string(k) == "mma")
-      moe_mma_ = c.hidden_size % 128 == 0 && c.moe_intermediate_size % 128 == 0 && c.num_experts_per_tok <= kMoeMaxTopK;
     require(c.num_experts_per_tok <= ops::kMaxTopK, ErrorCode::kUnsupported,
             c.source + ": num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " > " + std::to_string(ops::kMaxTopK));
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
@@ -303,8 +298,6 @@ class CudaModel {
   void stack(std::vector<std::string> const& names, std::int64_t rows, std::int64_t cols, MatFormat& fmt, void*& w, void*& s,
              std::int64_t& sw, std::int64_t& ss) {
     fmt = ckpt_ ? to_mat(ref(names[0], rows, cols).format, names[0]) : random_format(WeightKind::kExpert);
-    bool const quad = moe_mma_ && fmt == MatFormat::kMxfp4;  // Mxfp4Quad rows (random bytes need no repack)
-    std::vector<std::uint8_t> packed(quad && ckpt_ ? std::size_t(matrix_storage_bytes(fmt, rows, cols)) : 0);
     sw = matrix_storage_bytes(fmt, rows, cols);
     ss = matrix_scale_bytes(fmt, rows, cols);
     std::size_t const E = names.size();
@@ -318,14 +311,7 @@ class CudaModel {
       if (ckpt_) {
         io::WeightRef const& r = ref(names[e], rows, cols);
         require(to_mat(r.format, names[e]) == fmt, ErrorCode::kShape, names[e] + ": experts of a layer must share one format");
-        void const* src = r.data;
-        if (quad) {  // interleave each 64-byte group of a row by 32-bit word (moe.hpp, Mxfp4Quad)
-          std::int64_t const rb = cols / 2;
-          for (std::int64_t row = 0; row < rows; ++row)
-            DeviceLayout<Mxfp4Quad>::pack_row(static_cast<std::uint8_t const*>(r.data) + row * rb, packed.data() + row * rb, rb);
-          src = packed.data();
-        }
-        check(cudaMemcpy(wd, src, std::size_t(sw), cudaMemcpyHostToDevice), "upload " + names[e]);
+        check(cudaMemcpy(wd, r.data, std::size_t(sw), cudaMemcpyHostToDevice), "upload " + names[e]);
         if (ss) check(cudaMemcpy(sd, r.scales, std::size_t(ss), cudaMemcpyHostToDevice), "upload " + names[e]);
       } else {
         rnd::fill_matrix(ModelMatrix{fmt, wd, sd, rows, cols}, rnd::name_seed(seed_, names[e]), 1.0f / std::sqrt(float(cols)));
@@ -461,7 +447,6 @@ class CudaModel {
         stack(gn, I, D, f.routed, f.g_w, f.g_s, f.gu_sw, f.gu_ss);
         stack(un, I, D, fu, f.u_w, f.u_s, f.gu_sw, f.gu_ss);
         stack(dn, D, I, fd, f.d_w, f.d_s, f.d_sw, f.d_ss);
-        f.mma = moe_mma_ && f.routed == MatFormat::kMxfp4;
         require(fu == f.routed && fd == f.routed, ErrorCode::kShape, m + "experts: gate/up/down must share one format");
         f.expert_bytes = double(2 * (f.gu_sw + f.gu_ss) + f.d_sw + f.d_ss);
         if (c.shared_width() > 0) {
@@ -677,7 +662,7 @@ class CudaModel {
       if (f.moe) {
         ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
                              c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
-        bool const fused = !f.mma && ops::fused_router_enabled();
+        bool const fused = ops::fused_router_enabled();
         // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
         bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() && f.router.format == MatFormat::kBf16 &&
                           ops::fast_rows(f.router) && !ops::matvec_preload_enabled();
@@ -694,7 +679,6 @@ class CudaModel {
         a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
         a.top_k = int(c.num_experts_per_tok);
         a.experts = int(c.num_experts);
-        a.routed_mma = f.mma;
         a.inter = int(c.moe_intermediate_size);
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
         if (fused) a.route = &ra;
@@ -775,7 +759,6 @@ class CudaModel {
   std::uint64_t seed_ = 0;
   std::int64_t max_ctx_ = 0, pos_ = 0;
   int sms_ = 132, splits_ = 1;
-  bool moe_mma_ = false;
   MlaDims mla_dims_;
   Arena arena_;
   std::size_t weight_bytes_ = 0, cache_bytes_ = 0;

@@ -237,16 +237,6 @@ struct MatvecOut {
   float const* residual = nullptr;  // may equal out (in-place residual add)
 };
 
-// LING_MATVEC_KERNEL=mma: FP8 matvecs (cols a multiple of 64) on the f16 tensor-core kernel (measured slower,
-// 2026-12-01: 3.33 against 3.135 ms/token; linear.cuh).
-inline bool matvec_mma_enabled() {
-  static bool const on = [] {
-    char const* e = std::getenv("LING_MATVEC_KERNEL");
-    return e && std::string(e) == "mma";
-  }();
-  return on;
-}
-
 // LING_MATVEC_KERNEL=wg: FP8-block matvecs (cols a multiple of 512) on the wgmma kernel with tensor-map copies
 // (matvec_wg.cuh); =wgproj: only the launches of 16384 rows or more (the KDA projections); =wgbig: the launches of
 // 8 MB or more (also o_proj). A/B measurements.
@@ -283,9 +273,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
     bool const fast = fast_rows(*first.m);
     with_policy(f, fast, [&](auto p) {
       using P = decltype(p);
-      constexpr bool kFp8 = std::is_same_v<P, quant::Fp8Block> || std::is_same_v<P, quant::Fp8Row>;
-      bool const mma = kFp8 && matvec_mma_enabled() && kernels::matvec_mma_supported<P>(cols);
-      int const NR = mma ? 16 : kernels::kMatvecRows<P>;  // the tensor-core kernel's tasks are 16-row tiles
+      constexpr int NR = kernels::kMatvecRows<P>;
       kernels::MultiArgs a{};
       std::size_t k = 0;
       for (auto const& o : list) {
@@ -301,10 +289,6 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
       }
       a.trace = trace_next();
-      if (mma) {
-        check(kernels::launch_matvec_mma_args<P>(a, x, pa, st), "matvec (tensor cores)");
-        return;
-      }
       if constexpr (std::is_same_v<P, quant::Fp8Block>) {
         std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
         if (int const wg = matvec_wg_mode();
@@ -396,8 +380,7 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
-  float limit = 0.f;                                          // routed SwiGLU clamp (0 = none)
-  bool routed_mma = false;  // MXFP4 experts stored in the Mxfp4Quad row layout: run the f16 tensor-core kernels
+  float limit = 0.f;  // routed SwiGLU clamp (0 = none)
   // shared / dense
   void const* sg_w = nullptr; void const* sg_s = nullptr;
   void const* su_w = nullptr; void const* su_s = nullptr;
@@ -446,7 +429,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   k.idx = a.sel_idx;
   k.weights = a.sel_w;
   if (a.route && a.top_k > 0) {
-    require(!a.routed_mma, ErrorCode::kInternal, "moe: fused routing with the tensor-core path");
     k.route = kernels::RouteSel{a.route->logits, a.route->bias, a.route->experts, a.route->top_k, a.route->n_group,
                                 a.route->topk_group, a.route->norm_topk_prob ? 1 : 0, a.route->scaling};
     k.sel_idx = a.sel_idx;
@@ -474,18 +456,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.shared_limit = a.shared_limit;
   k.pace = kernels::moe_pace_a();
-  if (a.routed_mma) {
-    require(routed == MatFormat::kMxfp4 && a.top_k > 0 && a.hidden % 128 == 0 && a.inter % 128 == 0, ErrorCode::kInternal,
-            "moe: the tensor-core path needs MXFP4 experts with hidden and moe_intermediate_size multiples of 128");
-    auto mma = [&](auto ps) {
-      auto const ks = kernels::make_key<decltype(ps)>();
-      check(kernels::launch_moe_mma_gate_up(ks, k, x, pa, a.act, st), "moe gate/up (tensor cores)");
-      check(kernels::launch_moe_mma_down(ks, k, a.act, residual, out, st), "moe down (tensor cores)");
-    };
-    if (shared == MatFormat::kBf16) shared_fast ? mma(quant::Bf16{}) : mma(kernels::Unaligned<quant::Bf16>{});
-    else shared_fast ? mma(quant::Fp8Block{}) : mma(kernels::Unaligned<quant::Fp8Block>{});
-    return;
-  }
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();

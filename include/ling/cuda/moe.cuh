@@ -15,7 +15,6 @@
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/grid_round.hpp"
 #include "ling/cuda/linear.cuh"
-#include "ling/cuda/mma_layout.hpp"
 #include "ling/cuda/moe.hpp"
 #include "ling/cuda/router.cuh"
 #include "ling/cuda/wgmma.cuh"
@@ -770,270 +769,6 @@ bool moe_shapes_ok(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   return true;
 }
 
-// ---- Mxfp4Quad rows (moe.hpp): what a lane quad of the tensor-core path reads --------------------------------
-// (The int8 MMA kernels that first used this layout measured 82 µs per MoE step and were removed in session 3; the
-// f16 tensor-core path below keeps the layout.)
-struct QuadRows {
-  std::uint8_t const* row_g;   // row r0 + g (Mxfp4Quad layout)
-  std::uint8_t const* row_g8;  // row r0 + g + 8
-  std::uint8_t const* sc_g;    // its UE8M0 scales
-  std::uint8_t const* sc_g8;
-  bool ok_g, ok_g8;
-};
-
-__device__ __forceinline__ QuadRows quad_rows(MatrixArgs const& m, int e, std::int64_t r0) {
-  int const g = (threadIdx.x & 31) >> 2;
-  char const* base = static_cast<char const*>(m.data) + std::int64_t(e) * m.data_stride;
-  char const* sbase = static_cast<char const*>(m.scales) + std::int64_t(e) * m.scale_stride;
-  std::int64_t const nb = m.cols / 32, rg = r0 + g, rg8 = r0 + g + 8;
-  QuadRows q;
-  q.ok_g = rg < m.rows;
-  q.ok_g8 = rg8 < m.rows;
-  q.row_g = reinterpret_cast<std::uint8_t const*>(base + (q.ok_g ? rg : 0) * m.ld);
-  q.row_g8 = reinterpret_cast<std::uint8_t const*>(base + (q.ok_g8 ? rg8 : 0) * m.ld);
-  q.sc_g = reinterpret_cast<std::uint8_t const*>(sbase + (q.ok_g ? rg : 0) * nb);
-  q.sc_g8 = reinterpret_cast<std::uint8_t const*>(sbase + (q.ok_g8 ? rg8 : 0) * nb);
-  return q;
-}
-
-// ---- f16 tensor-core path for Mxfp4QuadMma experts (mma.sync.m16n8k16, layouts in cuda/mma_layout.hpp) --------
-inline constexpr int kMmaGroups = 3;  // 64-byte groups (4 blocks) per warp per batch of loads
-inline constexpr float kMmaPost = mma16::kCodeScale * kPostPlain;
-
-// acc[m][0|1] += rows g | g+8 of the tile matrices m · x over the groups q = q_first, q_first + q_step, ... < ngroups,
-// B limbs from block lb0 + 4q + i, each block's product scaled by its UE8M0 scale * sx * wscale. Lanes t = 0 hold the
-// tile's partials (rows g and g + 8); the other lanes' are 0.
-template <int NM>
-__device__ __forceinline__ void mma_tile_dot(QuadRows const (&m)[NM], int q_first, int q_step, int ngroups,
-                                             std::uint16_t const* hi, std::uint16_t const* lo, float const* sx, int lb0,
-                                             float wscale, float (&acc)[NM][2]) {
-  int const lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  std::uint16_t const* limb = g == 0 ? hi : lo;
-  for (int q0 = q_first; q0 < ngroups; q0 += q_step * kMmaGroups) {
-    uint4 wv[kMmaGroups][NM][2];
-    std::uint32_t sc[kMmaGroups][NM][2];
-#pragma unroll
-    for (int u = 0; u < kMmaGroups; ++u) {
-      int const q = q0 + u * q_step;
-#pragma unroll
-      for (int mm = 0; mm < NM; ++mm) {
-        bool const og = q < ngroups && m[mm].ok_g, og8 = q < ngroups && m[mm].ok_g8;
-        wv[u][mm][0] = og ? ld_stream(m[mm].row_g + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
-        wv[u][mm][1] = og8 ? ld_stream(m[mm].row_g8 + q * 64 + t * 16) : make_uint4(0, 0, 0, 0);
-        sc[u][mm][0] = og ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g + q * 4)) : 0u;
-        sc[u][mm][1] = og8 ? __ldg(reinterpret_cast<std::uint32_t const*>(m[mm].sc_g8 + q * 4)) : 0u;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kMmaGroups; ++u) {
-      int const q = q0 + u * q_step;
-      if (q >= ngroups) break;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        int const lb = lb0 + q * 4 + i;
-        uint2 b[2] = {make_uint2(0, 0), make_uint2(0, 0)};
-        if (g < 2) {
-          b[0] = *reinterpret_cast<uint2 const*>(limb + mma16::staged_quad(lb, 0, t));
-          b[1] = *reinterpret_cast<uint2 const*>(limb + mma16::staged_quad(lb, 1, t));
-        }
-        float const sxb = sx[lb] * wscale;
-#pragma unroll
-        for (int mm = 0; mm < NM; ++mm) {
-          std::uint32_t const wg = word(wv[u][mm][0], i), wg8 = word(wv[u][mm][1], i);
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            std::uint32_t const af[4] = {mma16::e2m1_pair(wg, 2 * hh), mma16::e2m1_pair(wg8, 2 * hh),
-                                         mma16::e2m1_pair(wg, 2 * hh + 1), mma16::e2m1_pair(wg8, 2 * hh + 1)};
-            mma_f16_acc(d, af, b[hh].x, b[hh].y);
-          }
-          float const s_g = ue8m0_float(std::uint8_t(sc[u][mm][0] >> (8 * i))) * sxb;
-          float const s_g8 = ue8m0_float(std::uint8_t(sc[u][mm][1] >> (8 * i))) * sxb;
-          acc[mm][0] = fmaf(d[0] + d[1], s_g, acc[mm][0]);
-          acc[mm][1] = fmaf(d[2] + d[3], s_g8, acc[mm][1]);
-        }
-      }
-    }
-  }
-}
-
-inline std::size_t mma_smem(std::int64_t n_stage, int n_limb) {
-  return std::size_t(xs_floats(n_stage)) * sizeof(float) + std::size_t(n_limb) * 4 + std::size_t(n_limb / 32) * 4 + 16;
-}
-
-// Launch A. Block tasks: the top_k × (inter / 16) routed tiles (the 8 warps split the tile's K: warp w takes groups
-// w, w + 8, ...; one shared-memory reduction per tile), then the shared expert's rows, one per warp (CUDA cores).
-template <class KS>
-__global__ void __launch_bounds__(kThreads) moe_gate_up_mma_kernel(MoeArgs a, float const* __restrict__ u,
-                                                                   InputPrologue pro, float* h) {
-  using PS = policy_of<KS>;
-  extern __shared__ float4 smem_f4[];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ int s_idx[kMoeMaxTopK];
-  __shared__ float s_red[kWarps][4][8];
-  int const hidden = int(a.gate.cols);
-  std::int64_t n_stage = hidden;
-  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(n_stage));
-  auto* lo = hi + hidden;
-  auto* sx = reinterpret_cast<float*>(lo + hidden);
-  pdl_trigger();
-  prologue_prefetch(pro, hidden);
-  pdl_wait();
-  stage_input<false>(xs, u, hidden, n_stage, pro);
-  stage_idx(s_idx, nullptr, a);
-  __syncthreads();
-  make_f16_limbs<32>(xs, hidden, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
-  __syncthreads();
-
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  std::int64_t const inter = a.gate.rows, tiles = (inter + 15) / 16, routed = std::int64_t(a.top_k) * tiles;
-  std::int64_t const shared_tasks = a.has_shared ? (a.sgate.rows + kWarps - 1) / kWarps : 0;
-  int const ngroups = hidden / 128;
-  for (std::int64_t task = blockIdx.x; task < routed + shared_tasks; task += gridDim.x) {
-    if (task < routed) {  // block-uniform branch: the barriers below are reached by every thread
-      int const s = int(task / tiles);
-      std::int64_t const r0 = (task - std::int64_t(s) * tiles) * 16;
-      int const e = s_idx[s];
-      QuadRows const m[2] = {quad_rows(a.gate, e < 0 ? 0 : e, r0), quad_rows(a.up, e < 0 ? 0 : e, r0)};
-      float acc[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-      mma_tile_dot<2>(m, warp, kWarps, ngroups, hi, lo, sx, 0, 1.f, acc);
-      if (t == 0) {
-        s_red[warp][0][g] = acc[0][0];
-        s_red[warp][1][g] = acc[0][1];
-        s_red[warp][2][g] = acc[1][0];
-        s_red[warp][3][g] = acc[1][1];
-      }
-      __syncthreads();
-      if (threadIdx.x < 16) {
-        int const rr = int(threadIdx.x), half = rr >> 3, gg = rr & 7;
-        float gs = 0.f, us = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
-          gs += s_red[w][half][gg];
-          us += s_red[w][2 + half][gg];
-        }
-        std::int64_t const row = r0 + rr;
-        if (row < inter)
-          h[s * inter + row] = swiglu(gs * kMmaPost, us * kMmaPost, a.routed_limit) + (e < 0 ? __uint_as_float(0x7FC00000u) : 0.f);
-      }
-      __syncthreads();
-    } else {
-      std::int64_t const r = (task - routed) * kWarps + warp;
-      if (r < a.sgate.rows) {
-        float2 const gu = shared_gate_up_row<PS>(a, xs, r);
-        if (lane == 0) h[std::int64_t(a.top_k) * inter + r] = swiglu(gu.x, gu.y, a.shared_limit);
-      }
-    }
-  }
-}
-
-// Launch B. Block task: 16 output rows; warp w takes routed slot w (w + 8, ... when top_k > 8) over the whole inter,
-// scaled by its routing weight; then rows 2w, 2w + 1 of the tile for the shared expert (CUDA cores); one reduction.
-template <class KS>
-__global__ void __launch_bounds__(kThreads) moe_down_mma_kernel(MoeArgs a, float const* __restrict__ h,
-                                                                float const* residual, float* out) {
-  using PS = policy_of<KS>;
-  extern __shared__ float4 smem_f4[];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  __shared__ int s_idx[kMoeMaxTopK];
-  __shared__ float s_w[kMoeMaxTopK];
-  __shared__ float s_red[kWarps][16];
-  __shared__ float s_sh[16];
-  int const top_k = a.top_k, seg = int(a.down.cols);  // inter, a multiple of 128
-  std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
-  int const n_limb = top_k * seg;
-  auto* hi = reinterpret_cast<std::uint16_t*>(xs + xs_floats(n_stage));
-  auto* lo = hi + n_limb;
-  auto* sx = reinterpret_cast<float*>(lo + n_limb);
-  pdl_trigger();
-  prefetch_shared_down<PS>(a, 16);
-  pdl_wait();
-  stage_down_input<PS>(xs, h, a, seg);
-  stage_idx(s_idx, s_w, a);
-  __syncthreads();
-  make_f16_limbs<32>(xs, n_limb, hi, lo, sx, [](int c) { return mma16::staged_half(c >> 5, c & 31); });
-  __syncthreads();
-
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  std::int64_t const hidden = a.down.rows, tiles = (hidden + 15) / 16;
-  int const nb = seg / 32, ngroups = seg / 128;
-  bool bad = false;
-  for (int s = 0; s < top_k; ++s) bad = bad || s_idx[s] < 0;
-  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    std::int64_t const r0 = tile * 16;
-    float acc[1][2] = {{0.f, 0.f}};
-    for (int s = warp; s < top_k; s += kWarps) {
-      int const e = s_idx[s];
-      QuadRows const m[1] = {quad_rows(a.down, e < 0 ? 0 : e, r0)};
-      mma_tile_dot<1>(m, 0, 1, ngroups, hi, lo, sx, s * nb, s_w[s], acc);
-    }
-    if (t == 0) {
-      s_red[warp][g] = acc[0][0];
-      s_red[warp][g + 8] = acc[0][1];
-    }
-    if (a.has_shared) {
-      void const* data[2] = {a.sdown.data, a.sdown.data};
-      void const* scales[2] = {a.sdown.scales, a.sdown.scales};
-      std::int64_t r[2] = {r0 + 2 * warp, r0 + 2 * warp + 1};
-      bool valid[2] = {r[0] < hidden, r[1] < hidden};
-      r[0] = valid[0] ? r[0] : 0;
-      r[1] = valid[1] ? r[1] : 0;
-      float sacc[2] = {0.f, 0.f};
-      RowDot<PS>::template lane_dot<2>(data, scales, r, valid, a.sdown, xs + xpad(top_k * seg), sacc);
-      float const v0 = warp_sum(sacc[0]) * RowDot<PS>::row_scale(a.sdown.scales, r[0]);
-      float const v1 = warp_sum(sacc[1]) * RowDot<PS>::row_scale(a.sdown.scales, r[1]);
-      if (lane == 0) {
-        s_sh[2 * warp] = v0;
-        s_sh[2 * warp + 1] = v1;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-      int const rr = int(threadIdx.x);
-      std::int64_t const row = r0 + rr;
-      float v = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += s_red[w][rr];
-      v *= kMmaPost;
-      if (a.has_shared) v += s_sh[rr];
-      if (bad) v = __uint_as_float(0x7FC00000u);
-      if (row < hidden) out[row] = (residual ? residual[row] : 0.f) + v;
-    }
-    __syncthreads();
-  }
-}
-
-template <class KS>
-cudaError_t launch_moe_mma_gate_up(KS, MoeArgs const& a, float const* u, InputPrologue const& pro, float* h,
-                                   cudaStream_t stream) {
-  using PS = policy_of<KS>;
-  std::int64_t n_stage = a.gate.cols;
-  if (a.has_shared && staged_elems<PS>(a.sgate) > n_stage) n_stage = staged_elems<PS>(a.sgate);
-  std::size_t const smem = mma_smem(n_stage, int(a.gate.cols));
-  auto kernel = moe_gate_up_mma_kernel<KS>;
-  std::int64_t const tasks =
-      std::int64_t(a.top_k) * ((a.gate.rows + 15) / 16) + (a.has_shared ? (a.sgate.rows + kWarps - 1) / kWarps : 0);
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, tasks, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, u, pro, h);
-}
-
-template <class KS>
-cudaError_t launch_moe_mma_down(KS, MoeArgs const& a, float const* h, float const* residual, float* out,
-                                cudaStream_t stream) {
-  using PS = policy_of<KS>;
-  int const n_limb = a.top_k * int(a.down.cols);
-  std::int64_t const n_stage = n_limb + (a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0);
-  std::size_t const smem = mma_smem(n_stage, n_limb);
-  auto kernel = moe_down_mma_kernel<KS>;
-  int blocks = 0;
-  cudaError_t e = persistent_grid(kernel, smem, (a.down.rows + 15) / 16, blocks);
-  if (e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, h, residual, out);
-}
-
 // ---- streamed MoE: each warp copies its next tiles into shared memory (cp.async; async_copy.cuh) ---------------------
 // One block per SM of kW warps. The block's tiles (a tile: a few rows of every matrix it needs, plus the span of their
 // scales) are dealt to its warps round robin; each warp keeps a private ring of `stages` tile buffers, issues the
@@ -1051,7 +786,6 @@ inline constexpr int kStreamMaxStages = 4;
 // (docs/performance.md, session 14).
 inline constexpr int kStreamRowsA = 4;
 inline constexpr int kStreamSharedRowsA = 2;
-inline constexpr int kStreamRowsB = 1;        // output rows per down tile (all top_k experts' rows + the shared one)
 
 __host__ __device__ constexpr std::int64_t round128(std::int64_t n) { return (n + 127) / 128 * 128; }
 
@@ -1059,7 +793,6 @@ struct StreamPlan {
   int stages = 0, stage_bytes = 0, prologue_bytes = 0;  // per warp: stages buffers of stage_bytes
   int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
   int tiles_per_slot = 0, shared_tiles = 0, tiles = 0;
-  int slot_bytes = 0;                                   // launch B: one routed slot's region of a buffer
   int share_chunks = 1;  // launch A's shared routed decode (kDiag 10): chunks per lane and row of one item
 };
 
@@ -1613,166 +1346,16 @@ __global__ void __launch_bounds__(kW * 32, 1)
   trace_end(a.trace_a);
 }
 
-// Launch B streamed: tile = `rows` output rows; a buffer holds those rows of each slot's down matrix (slot_bytes apart:
-// rows, then the span of their scales) and of the shared expert's. The shared rows are copied before the PDL wait.
-template <int kW, bool kQ8>
-__global__ void __launch_bounds__(kW * 32, 1)
-    moe_down_stream_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out, StreamPlan sp) {
-  extern __shared__ float4 smem_f4[];
-  __shared__ int s_idx[kMoeMaxTopK], s_ids[kMoeMaxTopK];
-  __shared__ float s_w[kMoeMaxTopK];
-  __shared__ std::uint32_t s_skew[kMoeMaxTopK];
-  float* xs = reinterpret_cast<float*>(smem_f4);
-  int const top_k = a.top_k, C = int(a.down.cols >> 5), seg = C * 32;  // chunks (= scale blocks) per routed row
-  std::int64_t const rb = a.down.ld, srb = a.has_shared ? a.sdown.ld : 0;
-  int const sncb = a.has_shared ? int((a.sdown.cols + 127) >> 7) : 0;
-  std::int64_t const n_stage = std::int64_t(top_k) * seg + (a.has_shared ? round32(srb) : 0);
-  int const bps = C, nblk = top_k * bps;
-  int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));
-  float* const sx = reinterpret_cast<float*>(q + q8_slots(nblk));
-  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
-  int const D = sp.stages, G = int(gridDim.x), b = int(blockIdx.x), ntiles = block_tiles(sp);
-  int const mine = warp < ntiles ? (ntiles - 1 - warp) / kW + 1 : 0;
-  unsigned char* const ring = reinterpret_cast<unsigned char*>(smem_f4) + sp.prologue_bytes +
-                              std::size_t(warp) * std::size_t(D) * std::size_t(sp.stage_bytes);
-  int const R = sp.rows;
-  std::int64_t const hidden = a.down.rows;
-  std::int64_t const sh_off = std::int64_t(top_k) * sp.slot_bytes;  // the shared expert's region of a buffer
-  auto row0 = [&](int m) { return std::int64_t(b + (warp + m * kW) * G) * R; };
-  auto issue_shared = [&](int m) {
-    if (!a.has_shared) return;
-    std::int64_t const r0 = row0(m), nr = hidden - r0 < R ? hidden - r0 : R;
-    unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes) + sh_off;
-    warp_copy(dst, span16(static_cast<char const*>(a.sdown.data) + r0 * srb, nr * srb));
-    warp_copy(dst + R * srb, span16(static_cast<char const*>(a.sdown.scales) + (r0 >> 7) * sncb * 4, std::int64_t(sncb) * 4));
-  };
-  auto issue_routed = [&](int m) {
-    std::int64_t const r0 = row0(m), nr = hidden - r0 < R ? hidden - r0 : R;
-    unsigned char* const buf = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
-    for (int s = 0; s < top_k; ++s) {
-      int const e = s_ids[s];
-      unsigned char* dst = buf + std::int64_t(s) * sp.slot_bytes;
-      warp_copy(dst, span16(static_cast<char const*>(batch_data<quant::Mxfp4>(a.down, e)) + r0 * rb, nr * rb));
-      warp_copy(dst + R * rb, span16(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.down, e)) + r0 * C, nr * C));
-    }
-  };
-
-  pdl_trigger();
-  for (int m = 0; m < mine && m < D; ++m) issue_shared(m);
-  pdl_wait();
-  for (int s = int(threadIdx.x); s < top_k; s += int(blockDim.x)) {
-    int const e = a.idx[s];
-    bool const ok = e >= 0 && e < a.down.count;
-    s_idx[s] = ok ? e : -1;
-    s_ids[s] = ok ? e : 0;  // what the copies read (a bad id: expert 0, and the outputs turn NaN)
-    s_w[s] = a.weights[s];
-    s_skew[s] = addr_skew(batch_scales<quant::Mxfp4>(a.down, ok ? e : 0));
-  }
-  __syncthreads();
-  for (int m = 0; m < D; ++m) {
-    if (m < mine) issue_routed(m);
-    cp_async_commit();
-  }
-  // MXFP4 rows are whole 32-element blocks, so seg = inter and the staged layout is h itself
-  stage_x4(xs, h, std::int64_t(top_k) * a.down.cols + (a.has_shared ? a.sdown.cols : 0), n_stage);
-  __syncthreads();
-  if constexpr (kQ8) {
-    stage_q8(q, sx, xs, nblk, kXPre);
-    __syncthreads();
-  }
-
-  bool bad = false;
-  for (int s = 0; s < top_k; ++s) bad = bad || s_idx[s] < 0;
-  FastDiv const fd(std::uint32_t(C), std::uint64_t(top_k) * std::uint64_t(C) + 32u * 4u);
-  float const* const xs_sh = xs + xpad(top_k * seg);
-  constexpr int kU = 4;
-  for (int m = 0; m < mine; ++m) {
-    cp_async_wait(D - 1);
-    __syncwarp();
-    std::int64_t const r0 = row0(m);
-    int const nr = int(hidden - r0 < R ? hidden - r0 : R);
-    unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
-    float const* ssc = a.has_shared ? reinterpret_cast<float const*>(
-                                          base + sh_off + R * srb +
-                                          addr_skew(static_cast<char const*>(a.sdown.scales) + (r0 >> 7) * sncb * 4))
-                                    : nullptr;
-    std::uint32_t const r0c = std::uint32_t(r0 * C);
-    for (int i = 0; i < nr; ++i) {
-      float acc = 0.f;
-      int const nq = top_k * C;
-      for (int q0 = lane; q0 < nq; q0 += 32 * kU) {
-        uint4 v[kU][1];
-        float sc[kU];
-        int xo[kU];
-#pragma unroll
-        for (int uu = 0; uu < kU; ++uu) {
-          int const qq = q0 + 32 * uu < nq ? q0 + 32 * uu : 0;
-          int const s = int(fd.div(std::uint32_t(qq))), j = qq - s * C;
-          unsigned char const* sb = base + std::int64_t(s) * sp.slot_bytes;
-          v[uu][0] = *reinterpret_cast<uint4 const*>(sb + i * rb + j * 16);
-          sc[uu] = ue8m0_float(sb[R * rb + ((s_skew[s] + r0c) & 15u) + i * C + j]) * s_w[s];
-          xo[uu] = kQ8 ? s * bps + j : xpad(s * seg + j * 32);
-        }
-#pragma unroll
-        for (int uu = 0; uu < kU; ++uu) {
-          if (q0 + 32 * uu < nq) {
-            if constexpr (kQ8) {
-              int ap[1] = {0}, an[1] = {0}, bp[1] = {0}, bn[1] = {0};
-              q8_chunk<1>(v[uu], q + q8_slot(8 * xo[uu]), ap, an, bp, bn);
-              acc = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])), sc[uu] * sx[xo[uu]], acc);
-            } else {
-              float d[1];
-              Mxfp4DotBits::dot<1>(v[uu], xs + xo[uu], d);
-              acc = fmaf(sc[uu], d[0], acc);
-            }
-          }
-        }
-      }
-      if constexpr (!kQ8) acc *= Mxfp4DotBits::kPost;
-      if (a.has_shared) {
-        float sacc = 0.f;
-        uint4 const* sr = reinterpret_cast<uint4 const*>(base + sh_off + i * srb);
-        for (int j = lane; j < int(srb / 16); j += 32) {
-          uint4 const v[1] = {sr[j]};
-          float d[1];
-          Fp8Dot::dot<1>(v, xs_sh + xpad(j * 16), d);
-          sacc = fmaf(ssc[j >> 3], d[0], sacc);
-        }
-        acc = fmaf(sacc, kPostPlain, acc);
-      }
-      float const v = warp_sum(acc);
-      if (lane == 0) out[r0 + i] = (residual ? residual[r0 + i] : 0.f) + (bad ? __uint_as_float(0x7FC00000u) : v);
-    }
-    __syncwarp();
-    if (m + D < mine) {
-      issue_shared(m + D);
-      issue_routed(m + D);
-    }
-    cp_async_commit();
-  }
-  cp_async_wait(0);
-}
-
-// Which launches run streamed (LING_MOE_STREAM, read at each launch): 1 (default) launch A only, 2 both, 0 neither.
-// Launch B streamed measured slower than its register kernel (H200, 2026-11-30, bench/cuda_ops: 16.6 against 11.5 µs;
-// launch A 11.8 against 14.4), so it is opt-in. LING_MOE_STREAM_WARPS=16: one block of 16 warps per SM (default: two of 8).
-inline int moe_stream_mode() {
-  char const* e = std::getenv("LING_MOE_STREAM");
-  return e && *e == '0' ? 0 : e && *e == '2' ? 2 : 1;
-}
+// LING_MOE_STREAM=0: launch A on the register kernel instead of the streamed one (A/B measurements; read at each
+// launch). Launch B streamed measured slower than its register kernel (H200, 2026-11-30, bench/cuda_ops: 16.6 against
+// 11.5 µs; launch A 11.8 against 14.4) and was removed in session 37 (docs/kernels.md).
+inline int moe_stream_mode() { return env_off("LING_MOE_STREAM") ? 0 : 1; }
 // LING_MOE_Q8U=0: launch A's streamed kernel on q8_chunk instead of the biased lookup (q8u_chunk, the default since
 // session 23). The biased lookup was faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs) but slower
 // in the model in sessions 7, 8 and 19 (3.047 against 2.984, 2.621 against 2.585 ms/token). The cause, found in session
 // 22: its instance keeps s_tab, which moved the ring buffers to 80 bytes past a 128-byte boundary. With the ring
 // aligned (H200, 2026-12-03, context 0, alternated): 2.302 / 2.303 against 2.346 / 2.342 ms/token on q8_chunk.
 inline bool moe_q8u_on() { return !env_off("LING_MOE_Q8U"); }
-// Launch B's streamed kernel (not the default B): two resident blocks of 8 warps per SM by default (each within half of
-// the SM's shared memory), so that a block of the next or previous kernel can share the SM at a launch boundary:
-// 3.392 against 3.404 ms/token for one block of 16 warps (LING_MOE_STREAM_WARPS=16), same run (H200, 2026-11-30).
-inline int moe_stream_warps() {
-  char const* e = std::getenv("LING_MOE_STREAM_WARPS");
-  return e && std::atoi(e) == 16 ? 16 : 8;
-}
 // Launch A's streamed kernel: one block of 16 warps per SM by default. Measured against two blocks of 8 once the
 // selection's code shrank (H200, 2026-12-01, ms/token, same run): 2.748 / 2.750 against 2.804 (8 warps, one ring stage)
 // and 2.882 (8 warps, two stages: the blocks then fill the SM's shared memory). Two blocks run the staging and the
@@ -2002,36 +1585,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     if (warps == 20 && !biased) return go(moe_gate_up_stream_kernel<20, false>, 20);
     if (warps == 8) return biased ? go(moe_gate_up_stream_kernel<8, true>, 8) : go(moe_gate_up_stream_kernel<8, false>, 8);
     return biased ? go(moe_gate_up_stream_kernel<16, true>, 16) : go(moe_gate_up_stream_kernel<16, false>, 16);
-  }
-}
-
-template <class PE, class PS>
-bool launch_moe_down_stream(MoeArgs const& a, float const* h, float const* residual, float* out, cudaStream_t stream,
-                            cudaError_t& err) {
-  if constexpr (!std::is_same_v<PE, quant::Mxfp4> || !std::is_same_v<PS, quant::Fp8Block>) {
-    return false;
-  } else {
-    if (moe_stream_mode() < 2) return false;
-    if (!aligned16(a.down.data, a.down.data_stride, a.down.ld)) return false;
-    if (a.has_shared && !aligned16(a.sdown.data, a.sdown.ld)) return false;
-    StreamPlan sp;
-    sp.rows = kStreamRowsB;
-    sp.tiles = int((a.down.rows + sp.rows - 1) / sp.rows);
-    std::int64_t const C = a.down.cols / 32, seg = C * 32;
-    std::int64_t const srb = a.has_shared ? a.sdown.ld : 0, sncb = a.has_shared ? (a.sdown.cols + 127) / 128 : 0;
-    sp.slot_bytes = int(sp.rows * a.down.ld + span16_cap(sp.rows * C));
-    std::int64_t const stage = std::int64_t(a.top_k) * sp.slot_bytes + (a.has_shared ? sp.rows * srb + span16_cap(sncb * 4) : 0);
-    std::int64_t const n_stage = a.top_k * seg + (a.has_shared ? round32(srb) : 0);
-    bool const q8 = moe_q8_mode() == 2;
-    int const nblk = int(a.top_k * C);
-    std::int64_t const prologue =
-        std::int64_t(xs_floats(n_stage)) * 4 + (q8 ? std::int64_t(q8_slots(nblk)) * 8 + std::int64_t(nblk) * 4 : 0);
-    bool const w8 = moe_stream_warps() == 8;
-    if (q8)
-      return w8 ? stream_launch(moe_down_stream_kernel<8, true>, 8, sp, prologue, stage, stream, err, a, h, residual, out)
-                : stream_launch(moe_down_stream_kernel<16, true>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
-    return w8 ? stream_launch(moe_down_stream_kernel<8, false>, 8, sp, prologue, stage, stream, err, a, h, residual, out)
-              : stream_launch(moe_down_stream_kernel<16, false>, 16, sp, prologue, stage, stream, err, a, h, residual, out);
   }
 }
 
@@ -2295,7 +1848,6 @@ cudaError_t launch_moe_down_keyed(KE, KS, MoeArgs const& a, float const* h, floa
   using PS = policy_of<KS>;
   {
     cudaError_t err = cudaSuccess;
-    if (launch_moe_down_stream<PE, PS>(a, h, residual, out, stream, err)) return err;
     if (launch_moe_down_lane<PE>(KS{}, a, h, residual, out, stream, err)) return err;
   }
   std::int64_t const seg = round32(staged_elems<PE>(a.down));
@@ -2326,10 +1878,7 @@ cudaError_t launch_moe_gate_up(MoeWeights<PE, PS> const& w, MoeStep const& step,
                                cudaStream_t stream) {
   using namespace kernels;
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
-  if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
-    return launch_moe_mma_gate_up(make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
-  else
-    return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
+  return launch_moe_gate_up_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), u, InputPrologue{}, h, stream);
 }
 
 template <quant::weight_policy PE, quant::weight_policy PS>
@@ -2337,10 +1886,7 @@ cudaError_t launch_moe_down(MoeWeights<PE, PS> const& w, MoeStep const& step, fl
                             float* out, cudaStream_t stream) {
   using namespace kernels;
   if (!moe_shapes_ok(w, step)) return cudaErrorInvalidValue;
-  if constexpr (std::is_same_v<PE, Mxfp4QuadMma>)
-    return launch_moe_mma_down(make_key<PS>(), moe_args(w, step), h, residual, out, stream);
-  else
-    return launch_moe_down_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), h, residual, out, stream);
+  return launch_moe_down_keyed(make_key<PE>(), make_key<PS>(), moe_args(w, step), h, residual, out, stream);
 }
 
 }  // namespace ling::cuda

@@ -30,37 +30,6 @@ inline std::atomic<int>& moe_wg_a_launches() {
   return n;
 }
 
-// The row layout of the tensor-core MoE path: the same storage and scales as quant::Mxfp4, with the bytes of each
-// 64-byte group of a row (4 scale blocks) interleaved by 32-bit word, so lane t of a quad loads word t of all 4
-// blocks with one 16-byte load (its MMA fragments). Needs cols % 128 == 0 (Ling: 2560, 768). Run through
-// Mxfp4QuadMma (below); the int8 MMA kernels that first used it (82 µs per MoE step) were removed in session 3.
-struct Mxfp4Quad : quant::Mxfp4 {};
-template <> struct DeviceLayout<Mxfp4Quad> {
-  static constexpr bool kFast = true;
-  static constexpr std::int64_t kColsMultiple = 128;
-  static constexpr std::int64_t ld(std::int64_t cols) { return cols / 2; }
-  // group bytes [block q][word t][4] -> [word t][block q][4]
-  static void pack_row(std::uint8_t const* src, std::uint8_t* dst, std::int64_t n) {
-    for (std::int64_t g = 0; g + 64 <= n; g += 64)
-      for (int q = 0; q < 4; ++q)
-        for (int t = 0; t < 4; ++t)
-          for (int b = 0; b < 4; ++b) dst[g + t * 16 + q * 4 + b] = src[g + q * 16 + t * 4 + b];
-  }
-  static void unpack_row(std::uint8_t const* src, std::uint8_t* dst, std::int64_t n) {
-    for (std::int64_t g = 0; g + 64 <= n; g += 64)
-      for (int q = 0; q < 4; ++q)
-        for (int t = 0; t < 4; ++t)
-          for (int b = 0; b < 4; ++b) dst[g + q * 16 + t * 4 + b] = src[g + t * 16 + q * 4 + b];
-  }
-};
-
-// The same Mxfp4Quad storage run by the f16 tensor-core path (mma.sync.m16n8k16, fp32 accumulate; layouts in
-// cuda/mma_layout.hpp): E2M1 codes become f16 with two shift/mask operations each, the input goes in as two f16 limbs
-// per element, a block of 8 warps splits each 16-row tile's K (gate/up) or its experts (down). Not yet measured on a
-// GPU (written after session 2's device time was spent): only the MoE launchers and their tests/benchmarks use it.
-struct Mxfp4QuadMma : Mxfp4Quad {};
-template <> struct DeviceLayout<Mxfp4QuadMma> : DeviceLayout<Mxfp4Quad> {};
-
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
