@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ling/cuda/linear.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "ling/cuda/session.hpp"
 #include "ling/runtime/session.hpp"
@@ -294,6 +295,32 @@ TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 o
   auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4246, true, 64, steps, 3001, &base.picks);
   auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4246, false, 64, steps, 3001, &base.picks);
   check_flash_variant(graph, eager, base, 1e-2);
+}
+
+// o_proj and the MLA dense on the preloaded matvec (LING_MATVEC_PRELOAD=1, opt-in: linear.cuh matvec_preload_kernel,
+// its rows copied into shared memory before the PDL wait). Its lanes take the lane kernel's chunks in the same order
+// with the same decoder, scales and staging, so the same bits as the default step at Ling-3.0-flash's widths (layer 5
+// an MLA layer), graph = eager; and the CPU model's logits on the tests/data checkpoints. The model counts the
+// launches it made, so a step that silently streamed every matrix fails.
+TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's bits, and the CPU model") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_MATVEC_PRELOAD");
+  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
+  int const steps = 8;
+  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4247, true, 0, steps, 3002);
+  setenv("LING_MATVEC_PRELOAD", "1", 1);
+  int const before = ling::cuda::matvec_preload_launches();
+  auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4247, true, 0, steps, 3002, &base.picks);
+  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4247, false, 0, steps, 3002, &base.picks);
+  CHECK(ling::cuda::matvec_preload_launches() > before);
+  check_flash_variant(graph, eager, base, 0.0);
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    CAPTURE(n);
+    int const b = ling::cuda::matvec_preload_launches();
+    compare(n, 23, 12, {4096, false, true});
+    CHECK(ling::cuda::matvec_preload_launches() > b);
+  }
+  unsetenv("LING_MATVEC_PRELOAD");
 }
 
 // CudaModelOptions::mla_short past the kernel's contract is refused at construction, naming the field.

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -294,6 +295,13 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                         cudaStream_t stream);
+
+// Launches of the preloaded matvec that the CUDA model made in this process (its LING_MATVEC_PRELOAD=1 path): the
+// tests check that it ran, since the model streams a matrix whose rows do not fit instead.
+inline std::atomic<int>& matvec_preload_launches() {
+  static std::atomic<int> n{0};
+  return n;
+}
 
 // The same (FP8-block only, cols a whole number of 128-column blocks) on FP8 wgmma, the weights streamed by tensor-map
 // copies (matvec_wg.cuh), with an input prologue and a residual (added at the outputs' offsets, may alias y).

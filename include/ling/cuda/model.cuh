@@ -664,8 +664,8 @@ class CudaModel {
                              c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
         bool const fused = ops::fused_router_enabled();
         // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
-        bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() && f.router.format == MatFormat::kBf16 &&
-                          ops::fast_rows(f.router) && !ops::matvec_preload_enabled();
+        bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() &&
+                          f.router.format == MatFormat::kBf16 && ops::fast_rows(f.router);
         trace_at(i, 3);
         if (in_a) {
           a.router = &f.router;

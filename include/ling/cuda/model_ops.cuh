@@ -249,12 +249,10 @@ inline int matvec_wg_mode() {
   return mode;
 }
 
-// LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj, MLA kv_b and dense) on the kernel that copies
-// its weights into shared memory before the PDL wait (linear.cuh; measured slower, so opt-in).
-inline bool matvec_preload_enabled() {
-  static bool const on = env_on("LING_MATVEC_PRELOAD");
-  return on;
-}
+// LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj and the MLA dense) on the kernel that copies
+// its weights into shared memory before the PDL wait (linear.cuh; measured slower in session 7, when the KDA step's
+// blocks filled the SMs, so opt-in). Read at each enqueue (graph capture), so that one process can run both.
+inline bool matvec_preload_enabled() { return env_on("LING_MATVEC_PRELOAD"); }
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
@@ -304,6 +302,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         cudaError_t const e = kernels::launch_matvec_preload_args<P>(a, x, pa, st);
         if (e != cudaErrorInvalidValue) {  // invalid value: refused (the rows do not fit, or not a 16-byte row layout)
           check(e, "matvec (preloaded)");
+          ++matvec_preload_launches();
           return;
         }
       }
