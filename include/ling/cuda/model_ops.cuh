@@ -250,8 +250,8 @@ inline int matvec_wg_mode() {
 }
 
 // LING_MATVEC_PRELOAD=1: matvecs whose rows fit (~112 KB per SM: o_proj and the MLA dense) on the kernel that copies
-// its weights into shared memory before the PDL wait (linear.cuh; measured slower in session 7, when the KDA step's
-// blocks filled the SMs, so opt-in). Read at each enqueue (graph capture), so that one process can run both.
+// its weights into shared memory before the PDL wait (linear.cuh; measured slower in session 7, so opt-in). Read at
+// each enqueue (graph capture), so that one process can run both.
 inline bool matvec_preload_enabled() { return env_on("LING_MATVEC_PRELOAD"); }
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
