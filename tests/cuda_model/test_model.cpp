@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -208,6 +209,28 @@ void check_flash_variant(ling::test_gpu::FlashSteps const& graph, ling::test_gpu
   }
 }
 
+std::string flash_cfg() { return std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json"; }
+constexpr int kFlashSteps = 8;
+
+// The default step at Ling-3.0-flash's widths (6 layers, layer 5 an MLA layer; kFlashSteps steps from position 0).
+ling::test_gpu::FlashSteps flash_base(std::uint64_t seed, int token) {
+  auto base = ling::test_gpu::flash_random_steps(flash_cfg(), 6, seed, true, 0, kFlashSteps, token);
+  REQUIRE(base.logits.size() == std::size_t(kFlashSteps));
+  return base;
+}
+
+// The variant that `env` = `value` selects (unset after), fed base's picks, graph and eager, checked against base by
+// check_flash_variant with `bound`.
+void check_flash_env_variant(ling::test_gpu::FlashSteps const& base, char const* env, char const* value,
+                             std::uint64_t seed, int token, double bound) {
+  setenv(env, value, 1);
+  auto const graph = ling::test_gpu::flash_random_steps(flash_cfg(), 6, seed, true, 0, kFlashSteps, token, &base.picks);
+  auto const eager =
+      ling::test_gpu::flash_random_steps(flash_cfg(), 6, seed, false, 0, kFlashSteps, token, &base.picks);
+  unsetenv(env);
+  check_flash_variant(graph, eager, base, bound);
+}
+
 }  // namespace
 
 // Every kernel of the step reduces in a fixed order, so the step is a function of its inputs: a graph replay and an
@@ -245,17 +268,10 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
 TEST_CASE("launch A's shared routed decode: deterministic, and the default's logits within 1e-4") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MOE_SHARE");
-  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
-  int const steps = 8;
-  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, 0, steps, 3000);
-  REQUIRE(base.logits.size() == std::size_t(steps));
+  auto const base = flash_base(4245, 3000);
   for (char const* c : {"1", "2", "8"}) {
     CAPTURE(c);
-    setenv("LING_MOE_SHARE", c, 1);
-    auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4245, true, 0, steps, 3000, &base.picks);
-    auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4245, false, 0, steps, 3000, &base.picks);
-    unsetenv("LING_MOE_SHARE");
-    check_flash_variant(graph, eager, base, c[0] == '8' ? 0.0 : 1e-4);
+    check_flash_env_variant(base, "LING_MOE_SHARE", c, 4245, 3000, c[0] == '8' ? 0.0 : 1e-4);
   }
 }
 
@@ -289,11 +305,10 @@ TEST_CASE("CUDA model with the MLA chain in one launch at short contexts = CPU m
 TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 of the usual step, deterministic") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MLA_SHORT");
-  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
-  int const steps = 8;
-  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4246, true, 0, steps, 3001);
-  auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4246, true, 64, steps, 3001, &base.picks);
-  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4246, false, 64, steps, 3001, &base.picks);
+  auto const base = flash_base(4246, 3001);
+  auto const graph = ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, true, 64, kFlashSteps, 3001, &base.picks);
+  auto const eager =
+      ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, false, 64, kFlashSteps, 3001, &base.picks);
   check_flash_variant(graph, eager, base, 1e-2);
 }
 
@@ -305,15 +320,11 @@ TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 o
 TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's bits, and the CPU model") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MATVEC_PRELOAD");
-  std::string const cfg = std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json";
-  int const steps = 8;
-  auto const base = ling::test_gpu::flash_random_steps(cfg, 6, 4247, true, 0, steps, 3002);
-  setenv("LING_MATVEC_PRELOAD", "1", 1);
+  auto const base = flash_base(4247, 3002);
   int const before = ling::cuda::matvec_preload_launches();
-  auto const graph = ling::test_gpu::flash_random_steps(cfg, 6, 4247, true, 0, steps, 3002, &base.picks);
-  auto const eager = ling::test_gpu::flash_random_steps(cfg, 6, 4247, false, 0, steps, 3002, &base.picks);
+  check_flash_env_variant(base, "LING_MATVEC_PRELOAD", "1", 4247, 3002, 0.0);
   CHECK(ling::cuda::matvec_preload_launches() > before);
-  check_flash_variant(graph, eager, base, 0.0);
+  setenv("LING_MATVEC_PRELOAD", "1", 1);
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);
     int const b = ling::cuda::matvec_preload_launches();
