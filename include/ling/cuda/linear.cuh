@@ -17,7 +17,6 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "ling/cuda/async_copy.cuh"

@@ -1349,7 +1349,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
 // LING_MOE_STREAM=0: launch A on the register kernel instead of the streamed one (A/B measurements; read at each
 // launch). Launch B streamed measured slower than its register kernel (H200, 2026-11-30, bench/cuda_ops: 16.6 against
 // 11.5 µs; launch A 11.8 against 14.4) and was removed in session 37 (docs/kernels.md).
-inline int moe_stream_mode() { return env_off("LING_MOE_STREAM") ? 0 : 1; }
+inline bool moe_stream_on() { return !env_off("LING_MOE_STREAM"); }
 // LING_MOE_Q8U=0: launch A's streamed kernel on q8_chunk instead of the biased lookup (q8u_chunk, the default since
 // session 23). The biased lookup was faster alone (bench/cuda_ops, H200, 2026-12-01: 11.9 against 12.6 µs) but slower
 // in the model in sessions 7, 8 and 19 (3.047 against 2.984, 2.621 against 2.585 ms/token). The cause, found in session
@@ -1521,7 +1521,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
   if constexpr (!std::is_same_v<PE, quant::Mxfp4> || !std::is_same_v<PS, quant::Fp8Block>) {
     return false;
   } else {
-    if (moe_stream_mode() < 1 || moe_q8_mode() < 1) return false;
+    if (!moe_stream_on() || moe_q8_mode() < 1) return false;
     if (!aligned16(a.gate.data, a.gate.data_stride, a.gate.ld) || !aligned16(a.up.data, a.up.data_stride, a.up.ld))
       return false;
     if (a.has_shared && (!aligned16(a.sgate.data, a.sgate.ld) || !aligned16(a.sup.data, a.sup.ld))) return false;
