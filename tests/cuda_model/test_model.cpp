@@ -191,11 +191,14 @@ Divergence diverge(char const* name, ling::cuda::CudaModelOptions const& oa, lin
 
 // A variant of the step at Ling-3.0-flash's widths (flash_random_steps, fed the default run's picks), graph replay and
 // eager launches, against the default run `base`: graph = eager bit for bit at every step; then equal to base bit for
-// bit (bound 0), or within relative L2 `bound` of it and not equal (so the variant ran; NaN fails).
+// bit (bound 0), or within relative L2 `bound` of it at every step and not equal at some step (so the variant ran;
+// NaN fails). Not at every step: at position 0 a variant may legitimately give the same bits (the MLA attention over
+// one token is that token's row, whatever the order of the sums; session 39 saw it).
 void check_flash_variant(ling::test_gpu::FlashSteps const& graph, ling::test_gpu::FlashSteps const& eager,
                          ling::test_gpu::FlashSteps const& base, double bound) {
   REQUIRE(graph.logits.size() == base.logits.size());
   REQUIRE(eager.logits.size() == base.logits.size());
+  double most = 0.0;
   for (std::size_t s = 0; s < base.logits.size(); ++s) {
     CAPTURE(s);
     CHECK(graph.logits[s] == eager.logits[s]);
@@ -204,9 +207,10 @@ void check_flash_variant(ling::test_gpu::FlashSteps const& graph, ling::test_gpu
     } else {
       double const e = rel_l2(graph.logits[s], base.logits[s]);
       CHECK(e < bound);
-      CHECK(e > 0.0);
+      most = std::max(most, e);
     }
   }
+  if (bound != 0) CHECK(most > 0.0);
 }
 
 std::string flash_cfg() { return std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json"; }

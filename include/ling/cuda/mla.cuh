@@ -635,14 +635,23 @@ inline Status mla_can_implement(MlaDims const& d) {
 // per head but the cache row, which every head can form itself. So one block per head does it all: its kv_b rows (W_UK
 // then W_UV, one contiguous span: 128 KB in FP8 at Ling's shape) are copied into shared memory before the PDL wait
 // (they depend on nothing); after it the block forms the new cache row in shared memory (block 0 also stores it), q̂
-// (the warps' partial sums over W_UK's rows meet in shared memory), the scores of the `len` = position + 1 tokens (a
-// warp per token, the cache rows from L2, the new one from shared memory), the softmax, o_lat (a thread per column)
-// and W_UV · o_lat times the gate. All in fp32 (the tensor-core attention rounds Q̂ and P to bf16), so its outputs are
-// within 1e-4 of the CUDA-core chain's (another order of the sums). It also stores q̂ (a.q_hat), as the chain does.
-// The caller guarantees len ≤ kMlaShortMaxLen (the model takes this kernel only in its short-context graph); a longer
-// context gets NaN outputs, never a partial attention. Needs rows of at most 32 chunks (lane = chunk) and the shared
-// memory of mla_short_smem (mla_short_fits).
+// (the warps' partial sums over W_UK's rows meet in shared memory), the scores of the `len` = position + 1 tokens, the
+// softmax, o_lat and W_UV · o_lat times the gate. Warp w holds the cache rows of tokens w, w + 16, ... in registers
+// (loaded from L2 right after the wait; the new one from shared memory): their scores, then their share of o_lat,
+// the warps' shares added in warp order. Session 39 measured the first version (a warp per token reading its row in the
+// score loop, a thread per column reading every row again for o_lat, each row's scale loaded in the row loops) at
+// ~17 µs from the projections' end, the loops paying one L2 latency per iteration; so every global load of a phase
+// is now issued before the phase's arithmetic, the scales before the wait. All in fp32 (the tensor-core attention
+// rounds Q̂ and P to bf16), so its outputs are within 1e-4 of the CUDA-core chain's (another order of the sums). It
+// also stores q̂ (a.q_hat), as the chain does. The caller guarantees len ≤ kMlaShortMaxLen (the model takes this
+// kernel only in its short-context graph); a longer context gets NaN outputs, never a partial attention. Needs rows
+// of at most 32 chunks (lane = chunk), nope and v_head_dim ≤ 128, a latent ≤ 768 and the shared memory of
+// mla_short_smem (mla_short_fits).
 inline constexpr int kMlaShortThreads = 512, kMlaShortWarps = kMlaShortThreads / 32;
+// Rows of W_UK and of W_UV per warp (so nope and v_head_dim of at most 8 · 16 = 128), and 16-byte chunks of a cache
+// row per lane (latent of at most 3 · 32 · 8 = 768), each held in registers.
+inline constexpr int kMlaShortRowsPerWarp = 8, kMlaShortRowChunks = 3;
+static_assert(kMlaShortMaxLen % kMlaShortWarps == 0, "mla_short_kernel: each warp holds kMlaShortMaxLen / warps rows");
 
 // Dynamic shared memory: the head's kv_b rows as stored, the new cache row (bf16, 16-byte padded), then fp32: the
 // warps' partial q̂ [warps][rank], q̂ [latent], o_lat [rank], the scores [kMlaShortMaxLen] and a block_sum scratch.
@@ -655,7 +664,8 @@ inline std::size_t mla_short_smem(MlaDims const& d, int elems) {
 inline bool mla_short_fits(MlaDecodeArgs const& a) {
   int const e = mla_chunk_elems(a.kv_b.format);
   return mla_kvb_vectorizable(a) && mla_can_implement(a.d).is_ok() && a.d.rank / e <= 32 &&
-         reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
+         a.d.nope <= kMlaShortRowsPerWarp * kMlaShortWarps && a.d.v <= kMlaShortRowsPerWarp * kMlaShortWarps &&
+         a.d.latent() <= kMlaShortRowChunks * 32 * 8 && reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
          mla_short_smem(a.d, e) <= std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
@@ -663,11 +673,12 @@ template <MatFormat F>
 __global__ void __launch_bounds__(kMlaShortThreads, 1)
     mla_short_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
   using D = MlaChunk<F>;
-  constexpr int E = D::kElems, NW = kMlaShortWarps;
+  constexpr int E = D::kElems, NW = kMlaShortWarps, RW = kMlaShortRowsPerWarp, TW = kMlaShortMaxLen / NW,
+                U = kMlaShortRowChunks;
   extern __shared__ __align__(16) unsigned char smraw[];
   MlaDims const d = a.d;
   int const h = int(blockIdx.x), tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  int const L = d.latent(), r = d.rank, nch = r / E, rows = d.nope + d.v;
+  int const L = d.latent(), r = d.rank, nch = r / E, rows = d.nope + d.v, lch = L / 8;
   std::int64_t const rb = std::int64_t(nch) * 16, row0 = std::int64_t(h) * rows;
   unsigned char* const W = smraw;
   std::uint16_t* const crow = reinterpret_cast<std::uint16_t*>(smraw + std::int64_t(rows) * rb);
@@ -685,9 +696,34 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
       kernels::cp_async16(W + off, src + off);
     kernels::cp_async_commit();
   }
+  // the scales of this lane's chunk in the warp's rows (n = warp + NW·i of W_UK and of W_UV): weights too, so loaded
+  // before the wait; after it every global load of a phase is issued before that phase's arithmetic (one latency per
+  // phase, where a loop over rows or tokens would pay one per iteration)
+  float suk[RW], suv[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    int const n = warp + NW * i;
+    suk[i] = lane < nch && n < d.nope ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, lane) : 0.f;
+    suv[i] = lane < nch && n < d.v ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + n, lane) : 0.f;
+  }
   ops::pdl_wait();
   std::int64_t const t = *a.position, len = t + 1;
   float const* q = a.q + std::int64_t(h) * d.qk();
+  float qn[RW];  // q_nope at the warp's W_UK rows
+#pragma unroll
+  for (int i = 0; i < RW; ++i) qn[i] = warp + NW * i < d.nope ? q[warp + NW * i] : 0.f;
+  // the cache rows of the warp's tokens j = warp + NW·k (lane = 8 columns; the new token's row later, from shared
+  // memory); at most kMlaShortMaxLen tokens are read, whatever the position
+  uint4 cr[TW][U];
+#pragma unroll
+  for (int k = 0; k < TW; ++k)
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      std::int64_t const j = warp + NW * k;
+      int const v = lane + 32 * u;
+      cr[k][u] = j < len && j != t && v < lch ? *reinterpret_cast<uint4 const*>(a.cache + j * L + v * 8)
+                                              : make_uint4(0u, 0u, 0u, 0u);
+    }
   // the new cache row [RMSNorm(c) | RoPE(k_rope)] as mla_write_cache_row forms it; q̂'s rope part
   float ss = 0.f;
   for (int i = tid; i < r; i += kMlaShortThreads) ss += a.kv_a[i] * a.kv_a[i];
@@ -719,12 +755,16 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     float acc[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) acc[e] = 0.f;
-    for (int n = warp; n < d.nope; n += NW) {
-      float f[E];
-      D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(n) * rb + lane * 16), f);
-      float const s = D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, lane) * q[n];
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] = fmaf(f[e], s, acc[e]);
+    for (int i = 0; i < RW; ++i) {
+      int const n = warp + NW * i;
+      if (n < d.nope) {
+        float f[E];
+        D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(n) * rb + lane * 16), f);
+        float const s = suk[i] * qn[i];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(f[e], s, acc[e]);
+      }
     }
 #pragma unroll
     for (int e = 0; e < E; ++e) red[warp * r + lane * E + e] = acc[e];
@@ -744,73 +784,104 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     for (int i = tid; i < d.v; i += kMlaShortThreads) out[std::int64_t(h) * d.v + i] = __uint_as_float(0x7FC00000u);
     return;
   }
-  __syncthreads();  // q̂ complete
-  // scores: warp w takes tokens w, w + NW, ...; the new token's row from shared memory, the others from the cache
+  __syncthreads();  // q̂ complete; red free again
+  // the scores of the warp's tokens, from the rows it holds
   float const qscale = rsqrtf(float(d.qk()));
-  for (int j = warp; j < len; j += NW) {
-    uint4 const* row = reinterpret_cast<uint4 const*>(j == t ? crow : a.cache + std::int64_t(j) * L);
+  float sc[TW];
+#pragma unroll
+  for (int k = 0; k < TW; ++k) {
+    int const j = warp + NW * k;
     float s = 0.f;
-    for (int v = lane; v < L / 8; v += 32) {
-      uint4 const cv = row[v];
-      float4 const qa = *reinterpret_cast<float4 const*>(qh + v * 8),
-                   qb = *reinterpret_cast<float4 const*>(qh + v * 8 + 4);
-      s = fmaf(__uint_as_float(cv.x << 16), qa.x, s);
-      s = fmaf(__uint_as_float(cv.x & 0xFFFF0000u), qa.y, s);
-      s = fmaf(__uint_as_float(cv.y << 16), qa.z, s);
-      s = fmaf(__uint_as_float(cv.y & 0xFFFF0000u), qa.w, s);
-      s = fmaf(__uint_as_float(cv.z << 16), qb.x, s);
-      s = fmaf(__uint_as_float(cv.z & 0xFFFF0000u), qb.y, s);
-      s = fmaf(__uint_as_float(cv.w << 16), qb.z, s);
-      s = fmaf(__uint_as_float(cv.w & 0xFFFF0000u), qb.w, s);
+    if (j < len) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        int const v = lane + 32 * u;
+        if (v < lch) {
+          if (j == t) cr[k][u] = reinterpret_cast<uint4 const*>(crow)[v];
+          uint4 const cv = cr[k][u];
+          float4 const qa = *reinterpret_cast<float4 const*>(qh + v * 8),
+                       qb = *reinterpret_cast<float4 const*>(qh + v * 8 + 4);
+          s = fmaf(__uint_as_float(cv.x << 16), qa.x, s);
+          s = fmaf(__uint_as_float(cv.x & 0xFFFF0000u), qa.y, s);
+          s = fmaf(__uint_as_float(cv.y << 16), qa.z, s);
+          s = fmaf(__uint_as_float(cv.y & 0xFFFF0000u), qa.w, s);
+          s = fmaf(__uint_as_float(cv.z << 16), qb.x, s);
+          s = fmaf(__uint_as_float(cv.z & 0xFFFF0000u), qb.y, s);
+          s = fmaf(__uint_as_float(cv.w << 16), qb.z, s);
+          s = fmaf(__uint_as_float(cv.w & 0xFFFF0000u), qb.w, s);
+        }
+      }
     }
-    s = dev::warp_sum(s);
-    if (lane == 0) p[j] = s * qscale;
+    sc[k] = dev::warp_sum(s) * qscale;
+    if (lane == 0 && j < len) p[j] = sc[k];
   }
   __syncthreads();
-  if (warp == 0) {  // softmax numerators in place; the denominator to scratch[0]
-    float m = -INFINITY;
-    for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
-    m = dev::warp_max(m);
-    float l = 0.f;
-    for (int j = lane; j < len; j += 32) {
-      float const e = __expf(p[j] - m);
-      p[j] = e;
-      l += e;
+  // every warp finds the softmax's max and denominator itself (the same sums in the same order in each)
+  float m = -INFINITY;
+  for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+  m = dev::warp_max(m);
+  float l = 0.f;
+  for (int j = lane; j < len; j += 32) l += __expf(p[j] - m);
+  l = dev::warp_sum(l);
+  // the warp's share of o_lat (its tokens' rows weighted by their numerators), partials by warp into red
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    int const v = lane + 32 * u;
+    if (v * 8 >= r) continue;
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int k = 0; k < TW; ++k) {
+      int const j = warp + NW * k;
+      if (j < len) {
+        float const w = __expf(sc[k] - m);
+        uint4 const cv = cr[k][u];
+        o[0] = fmaf(w, __uint_as_float(cv.x << 16), o[0]);
+        o[1] = fmaf(w, __uint_as_float(cv.x & 0xFFFF0000u), o[1]);
+        o[2] = fmaf(w, __uint_as_float(cv.y << 16), o[2]);
+        o[3] = fmaf(w, __uint_as_float(cv.y & 0xFFFF0000u), o[3]);
+        o[4] = fmaf(w, __uint_as_float(cv.z << 16), o[4]);
+        o[5] = fmaf(w, __uint_as_float(cv.z & 0xFFFF0000u), o[5]);
+        o[6] = fmaf(w, __uint_as_float(cv.w << 16), o[6]);
+        o[7] = fmaf(w, __uint_as_float(cv.w & 0xFFFF0000u), o[7]);
+      }
     }
-    l = dev::warp_sum(l);
-    if (lane == 0) scratch[0] = l;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (v * 8 + e < r) red[warp * r + v * 8 + e] = o[e];
   }
   __syncthreads();
-  float const den = scratch[0];
-  for (int c = tid; c < r; c += kMlaShortThreads) {  // o_lat: a thread per column
+  for (int c = tid; c < r; c += kMlaShortThreads) {  // o_lat: the warps' partials in warp order
     float acc = 0.f;
-#pragma unroll 8
-    for (int j = 0; j < int(len); ++j) {
-      std::uint16_t const v = j == t ? crow[c] : a.cache[std::int64_t(j) * L + c];
-      acc = fmaf(p[j], __uint_as_float(std::uint32_t(v) << 16), acc);
-    }
-    ol[c] = acc / den;
+    for (int w = 0; w < NW; ++w) acc += red[w * r + c];
+    ol[c] = acc / l;
   }
   __syncthreads();
   // O = W_UV o_lat times the gate: lane = chunk, warp w = rows w, w + NW, ...
   float x[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) x[e] = lane < nch ? ol[lane * E + e] : 0.f;
-  for (int i = warp; i < d.v; i += NW) {
+  float g[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    std::int64_t const idx = std::int64_t(h) * d.v + warp + NW * i;
+    g[i] = gate_mode == 1 ? gate[h] : gate_mode == 2 && warp + NW * i < d.v ? gate[idx] : 0.f;
+  }
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    int const n = warp + NW * i;
+    if (n >= d.v) break;
     float dot = 0.f;
     if (lane < nch) {
       float f[E];
-      D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(d.nope + i) * rb + lane * 16), f);
+      D::decode(*reinterpret_cast<uint4 const*>(W + std::int64_t(d.nope + n) * rb + lane * 16), f);
 #pragma unroll
       for (int e = 0; e < E; ++e) dot = fmaf(f[e], x[e], dot);
-      dot *= D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + i, lane);
+      dot *= suv[i];
     }
     dot = dev::warp_sum(dot);
-    if (lane == 0) {
-      std::int64_t const idx = std::int64_t(h) * d.v + i;
-      float const g = gate_mode == 1 ? dev::sigmoidf_(gate[h]) : gate_mode == 2 ? dev::sigmoidf_(gate[idx]) : 1.f;
-      out[idx] = dot * g;
-    }
+    if (lane == 0) out[std::int64_t(h) * d.v + n] = dot * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g[i]));
   }
 }
 
@@ -821,8 +892,8 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   if (a.kernel == kMlaShortKernel) {
     require(
         mla_short_fits(a), ErrorCode::kUnsupported,
-        "mla decode: the short-context kernel needs kv_b rows of at most 32 whole 16-byte chunks, a 16-byte aligned "
-        "cache and " +
+        "mla decode: the short-context kernel needs kv_b rows of at most 32 whole 16-byte chunks, qk_nope_head_dim "
+        "and v_head_dim of at most 128, kv_lora_rank + qk_rope_head_dim of at most 768, a 16-byte aligned cache and " +
             std::to_string(mla_short_smem(a.d, std::max(1, mla_chunk_elems(a.kv_b.format)))) +
             " bytes of shared memory per block");
     ops::dispatch_format(a.kv_b.format, [&](auto f) {
