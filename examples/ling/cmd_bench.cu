@@ -259,7 +259,7 @@ void cmd_bench(BenchArgs const& a) {
               a.lm_head == "fp8" ? "online FP8 (row scales)" : "BF16", sb.weights / 1e9, sb.state / 1e9, sb.cache_per_token);
   if (int const n = model->mla_short(); n > 0)
     std::printf(
-        "- MLA chain in one launch (mla_short, a trial) at positions below %d; a row times positions context + 4 "
+        "- MLA chain in one launch (mla_short) at positions below %d; a row times positions context + 4 "
         "to context + %d\n",
         n, 3 + a.tokens);
   std::printf("- timing: %d reps × %d greedy tokens per context (graph replays, CUDA events); ms/token median [min–max]\n\n",

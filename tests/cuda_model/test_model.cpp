@@ -279,33 +279,34 @@ TEST_CASE("launch A's shared routed decode: deterministic, and the default's log
   }
 }
 
-// The MLA attention chain in one launch at short contexts (CudaModelOptions::mla_short, a trial: mla.cuh
-// mla_short_kernel), on the tests/data checkpoints: the CUDA session's prefill is one step per token, so the prompt
-// (positions 0-22) and the decode steps (23-34) all run it.
-// - Against the CPU model, as the usual step is checked.
+// The MLA attention chain in one launch at short contexts (CudaModelOptions::mla_short, 64 by default since session 39:
+// mla.cuh mla_short_kernel), on the tests/data checkpoints: the CUDA session's prefill is one step per token, so the
+// prompt (positions 0-22) and the decode steps (23-34) all run it.
+// - Against the CPU model, as the usual step is checked; and the usual chain (mla_short 0) against it too, since the
+//   other cases now run the short step at these positions.
 // - Graph replay against eager launches, bit for bit, over 48 steps: positions 23-70 cross from the short step's graph
 //   to the usual one at 64, which both runs do at the same step.
 // - Against the usual step: not bit-identical (another order of the sums), so the short kernel did run.
-TEST_CASE("CUDA model with the MLA chain in one launch at short contexts = CPU model; deterministic") {
+TEST_CASE("CUDA model with the MLA chain in one launch at short contexts (the default) and without = CPU model") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MLA_SHORT");
-  ling::cuda::CudaModelOptions shrt{4096, false, true};
-  shrt.mla_short = 64;
+  ling::cuda::CudaModelOptions const shrt{4096, false, true};
+  REQUIRE(shrt.mla_short == 64);
+  ling::cuda::CudaModelOptions usual = shrt;
+  usual.mla_short = 0;
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);
     compare(n, 23, 12, shrt);
+    compare(n, 23, 12, usual);
     ling::cuda::CudaModelOptions eager = shrt;
     eager.use_graph = false;
     Divergence const d = diverge(n, shrt, eager, 23, 48, 4321);
     CHECK(d.differing == 0);
     CHECK(d.nan == 0);
-    CHECK(diverge(n, shrt, {4096, false, true}, 23, 8, 4321).differing > 0);
+    CHECK(diverge(n, shrt, usual, 23, 8, 4321).differing > 0);
   }
 }
 
-// The same at Ling-3.0-flash's widths (6 layers, layer 5 an MLA layer, kv_b in block FP8: 32 heads of 128 KB rows):
-// 8 steps from position 0 against the usual step, whose tensor-core attention rounds Q̂ and P to bf16, so within 1e-2
-// (its kernel test's bound against the fp32 reference) and not equal; graph = eager bit for bit.
 TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 of the usual step, deterministic") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MLA_SHORT");
