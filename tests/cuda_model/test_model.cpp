@@ -262,23 +262,6 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
   }
 }
 
-// Launch A's routed decode shared by the block's warps (LING_MOE_SHARE=c, a trial: moe.cuh kDiag 10) at
-// Ling-3.0-flash's widths, on the default run's picks. Each routed tile's rows are summed from its items' partials in
-// item order, whichever warps computed them, so graph replay and eager launches give the same bits.
-// - c = 1, 2 (5 and 3 items per tile of 5 chunk groups): a different order of the same sums, so within 1e-4 of the
-//   default and not equal to it.
-// - c = 8 (one item per tile: whole tiles taken by whichever warp is free): each lane sums its chunks in the default's
-//   order and the lanes reduce as the default's do, so the default's bits.
-TEST_CASE("launch A's shared routed decode: deterministic, and the default's logits within 1e-4") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_MOE_SHARE");
-  auto const base = flash_base(4245, 3000);
-  for (char const* c : {"1", "2", "8"}) {
-    CAPTURE(c);
-    check_flash_env_variant(base, "LING_MOE_SHARE", c, 4245, 3000, c[0] == '8' ? 0.0 : 1e-4);
-  }
-}
-
 // The MLA attention chain in one launch at short contexts (CudaModelOptions::mla_short, 64 by default since session 39:
 // mla.cuh mla_short_kernel), on the tests/data checkpoints: the CUDA session's prefill is one step per token, so the
 // prompt (positions 0-22) and the decode steps (23-34) all run it.

@@ -793,7 +793,6 @@ struct StreamPlan {
   int stages = 0, stage_bytes = 0, prologue_bytes = 0;  // per warp: stages buffers of stage_bytes
   int rows = 0, srows = 0;                              // rows per routed tile; per shared tile (launch A)
   int tiles_per_slot = 0, shared_tiles = 0, tiles = 0;
-  int share_chunks = 1;  // launch A's shared routed decode (kDiag 10): chunks per lane and row of one item
 };
 
 __device__ __forceinline__ std::uint32_t addr_skew(void const* p) {
@@ -967,22 +966,6 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
-// kDiag 10 (a trial, LING_MOE_SHARE=c; moe_share_fits): the routed tiles' decode shared by every warp. The paced issue
-// lands a block's tiles in warp order, and each warp decoded its own tile, so the last tiles' decode (~1.9 µs for one
-// warp alone, bench/probes/tile_landing) trailed their landing while the warps done early sat idle. Here a routed tile
-// of NG = nblk / 16 chunk groups (group g: chunks j with j / 16 = g; Ling: 5) is ceil(NG / c) items of c groups each
-// (StreamPlan::share_chunks = c: chunks per lane and row of an item), drawn from a block counter in tile order by any
-// warp once its own shared-expert tile is done, or once it has issued its own routed tile; an item's partials go to
-// shared memory, and the warp that completes a tile's last item adds them up in item order and writes its rows. c ≥ NG
-// leaves one item per tile: whole tiles taken in landing order by whichever warp is free (a control for the items'
-// cost).
-inline constexpr int kMoeShareGroups = 8, kMoeShareRows = 4;  // at most: 128 · 32 columns, 4 rows per routed tile
-template <int kW>
-struct MoeShareState {
-  int next;                                         // the next item
-  int done[kW];                                     // items done per tile (tile k: warp k's)
-  float2 part[kW][kMoeShareGroups][kMoeShareRows];  // {gate, up} partial of row i, group g
-};
 template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
@@ -990,9 +973,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   __shared__ int s_idx[kMoeMaxTopK];
   constexpr bool kPaced = kDiag != 8;  // kDiag 8: session 28's issue, every warp at once after a block barrier
   __shared__ std::uint64_t s_bar[kW * kStreamMaxStages + (kPaced ? 1 : 0)];  // paced: + the limbs' barrier
-  constexpr bool kShare = kDiag == 10;  // the routed tiles' chunk groups shared by every warp (kDiag 10, above)
-  static_assert(!kShare || kBiased, "the shared decode: biased lookup only");
-  __shared__ MoeShareState<kShare ? kW : 1> s_share;
   __shared__ __align__(8) std::uint32_t s_tab[2];
   float* xs = reinterpret_cast<float*>(smem_f4);
   int const cols = int(a.gate.cols), nblk = cols >> 5;
@@ -1071,10 +1051,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
 
   pdl_trigger();
   trace_mark(a.trace_a, 0);
-  if constexpr (kShare) {
-    if (threadIdx.x == 0) s_share.next = 0;
-    if (threadIdx.x < kW) s_share.done[threadIdx.x] = 0;
-  }
   if (lane == 0) {
     for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
     if (kPaced && warp == 0) mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
@@ -1207,7 +1183,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
-    if (kShare && tile_of(m) >= sp.shared_tiles) break;  // its routed tile: decoded by the items below
     mbar_wait(bars + m % D, unsigned(m / D) & 1u);  // tile m has landed
     if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
@@ -1232,7 +1207,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
         float const g = warp_sum(ag) * kPostPlain, v = warp_sum(au) * kPostPlain;
         if (lane == 0) h[std::int64_t(a.top_k) * inter + r0 + i] = swiglu(g, v, a.shared_limit);
       }
-    } else if constexpr (!kShare) {
+    } else {
       int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
       std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
       int const nr = int(inter - r0 < R ? inter - r0 : R);
@@ -1277,70 +1252,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
       __syncwarp();  // every lane has read the buffer before it is refilled
       fence_proxy_async_smem();
       issue(m + D);
-    }
-  }
-  if constexpr (kShare) {
-    // every warp, its own shared-expert tile done or its own routed tile issued, draws the block's routed items: tile k
-    // (of warp k: the launcher checks one tile per warp) and item c of C groups (groups C c .. C c + C - 1 of the
-    // tile's NG), in the order the tiles land
-    int const NG = nblk >> 4, C = sp.share_chunks < NG ? sp.share_chunks : NG, NI = (NG + C - 1) / C;
-    int const items = (ntiles - ns) * NI;
-    for (;;) {
-      int n = 0;
-      if (lane == 0) n = atomicAdd(&s_share.next, 1);
-      n = __shfl_sync(0xffffffffu, n, 0);
-      if (n >= items) break;
-      int const k = ns + n / NI, c = n - (n / NI) * NI;
-      mbar_wait(s_bar + k * kStreamMaxStages, 0u);  // warp k's tile (its first buffer) has landed
-      if (a.trace_mid == 4) trace_mark_max(a.trace_a, 2);  // the latest landing a warp saw: the block's last tile
-      unsigned char const* base = ring0 + std::size_t(k) * std::size_t(D) * std::size_t(sp.stage_bytes);
-      int const tr = b + k * G - sp.shared_tiles, s = tr / sp.tiles_per_slot;
-      std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
-      int const nr = int(inter - r0 < R ? inter - r0 : R);
-      int const e = s_idx[s], ee = e < 0 ? 0 : e;
-      std::uint8_t const* gsc =
-          base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
-      std::uint8_t const* usc = base + 2 * R * rb + scap +
-                                addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-      int const hs = lane >> 4, g0 = c * C, g1 = g0 + C < NG ? g0 + C : NG;  // lanes 0-15 row i0, 16-31 row i0 + 1
-      for (int i0 = 0; i0 < nr; i0 += 2) {
-        int const i = i0 + hs;
-        float ag = 0.f, au = 0.f;
-        if (i < nr) {
-          for (int g = g0; g < g1; ++g) {
-            int const j = (lane & 15) + 16 * g;
-            float const xsc = sx[j];
-            uint4 const v[2] = {reinterpret_cast<uint4 const*>(base + i * rb)[j],
-                                reinterpret_cast<uint4 const*>(base + (R + i) * rb)[j]};
-            int2 d[2];
-            q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
-            ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
-            au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
-          }
-        }
-        for (int o = 8; o > 0; o >>= 1) {
-          ag += __shfl_xor_sync(0xffffffffu, ag, o);
-          au += __shfl_xor_sync(0xffffffffu, au, o);
-        }
-        if (i < nr && (lane & 15) == 0) s_share.part[k][c][i] = make_float2(ag, au);
-      }
-      __threadfence_block();
-      __syncwarp();
-      int last = 0;
-      if (lane == 0) last = atomicAdd(&s_share.done[k], 1) == NI - 1;
-      if (__shfl_sync(0xffffffffu, last, 0)) {  // the tile's last item: its rows in item order, so the same bits
-        __threadfence_block();                  // whichever warps computed the items
-        if (lane < nr) {
-          float ag = 0.f, au = 0.f;
-          for (int cc = 0; cc < NI; ++cc) {
-            float2 const pv = s_share.part[k][cc][lane];
-            ag += pv.x;
-            au += pv.y;
-          }
-          h[std::int64_t(s) * inter + r0 + lane] =
-              swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit);
-        }
-      }
     }
   }
   trace_end(a.trace_a);
@@ -1391,15 +1302,6 @@ inline int moe_stream_stage_cap() {
 // =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
 // elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
-// LING_MOE_SHARE=c (1-8): launch A's routed decode shared by the block's warps, c chunks per lane and row of an item
-// (kDiag 10, a trial; StreamPlan::share_chunks); 0 or unset: off
-inline int moe_share_a() { return env_level("LING_MOE_SHARE", kMoeShareGroups); }
-// Where kDiag 10 applies on 16 warps: one block per SM and at most one tile per warp (tile k of a block is warp k's),
-// rows of 16 · g blocks of 32 columns with g ≤ kMoeShareGroups, at most kMoeShareRows rows per routed tile.
-inline bool moe_share_fits(StreamPlan const& sp, std::int64_t nblk) {
-  return nblk % 16 == 0 && nblk / 16 <= kMoeShareGroups && sp.rows <= kMoeShareRows && sp.tiles >= sm_count() &&
-         (sp.tiles + sm_count() - 1) / sm_count() <= 16;
-}
 // MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps (default kMoePaceA)
 inline int moe_pace_a() {
   static int const v = [] {
@@ -1555,11 +1457,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    // LING_MOE_SHARE=c (a trial): the routed decode shared by the block's warps (kDiag 10)
-    if (int const c = moe_share_a(); c > 0 && biased && warps == 16 && moe_share_fits(sp, nblk)) {
-      sp.share_chunks = c;
-      return go(moe_gate_up_stream_kernel<16, true, 10>, 16);
-    }
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);
