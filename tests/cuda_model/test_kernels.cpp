@@ -475,6 +475,24 @@ TEST_CASE("MLA decode refuses the tensor-core attention for a shape it does not 
   }
 }
 
+// The one-launch chain holds 8 rows of W_UK and of W_UV per warp (nope and v_head_dim ≤ 128): a wider head is
+// refused with the field's name, before any launch (the model then runs the usual chain).
+TEST_CASE("MLA chain in one launch refuses heads wider than 128, naming the field") {
+  LING_REQUIRE_GPU();
+  cuda::MlaDims const wide_nope{2, 256, 8, 16, 32, true, 10000.0, 1e-6f},
+      wide_v{2, 16, 8, 256, 32, true, 10000.0, 1e-6f};
+  for (auto const& d : {wide_nope, wide_v}) {
+    CAPTURE(d.nope);
+    try {
+      mla_case(d, 10, 1, 1, cuda::kMlaShortKernel);
+      FAIL("the one-launch chain accepted a head wider than 128");
+    } catch (ling::Error const& e) {
+      CHECK(e.code() == ling::ErrorCode::kUnsupported);
+      CHECK(std::string(e.what()).find(d.nope > 128 ? "qk_nope_head_dim" : "v_head_dim") != std::string::npos);
+    }
+  }
+}
+
 namespace {
 // E random experts in format f: gate and up [I, hidden], down [hidden, I].
 struct Experts {

@@ -798,17 +798,13 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
         int const v = lane + 32 * u;
         if (v < lch) {
           if (j == t) cr[k][u] = reinterpret_cast<uint4 const*>(crow)[v];
-          uint4 const cv = cr[k][u];
+          float f[8];
+          MlaChunk<MatFormat::kBf16>::decode(cr[k][u], f);
           float4 const qa = *reinterpret_cast<float4 const*>(qh + v * 8),
                        qb = *reinterpret_cast<float4 const*>(qh + v * 8 + 4);
-          s = fmaf(__uint_as_float(cv.x << 16), qa.x, s);
-          s = fmaf(__uint_as_float(cv.x & 0xFFFF0000u), qa.y, s);
-          s = fmaf(__uint_as_float(cv.y << 16), qa.z, s);
-          s = fmaf(__uint_as_float(cv.y & 0xFFFF0000u), qa.w, s);
-          s = fmaf(__uint_as_float(cv.z << 16), qb.x, s);
-          s = fmaf(__uint_as_float(cv.z & 0xFFFF0000u), qb.y, s);
-          s = fmaf(__uint_as_float(cv.w << 16), qb.z, s);
-          s = fmaf(__uint_as_float(cv.w & 0xFFFF0000u), qb.w, s);
+          float const qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s = fmaf(f[e], qv[e], s);
         }
       }
     }
@@ -836,15 +832,10 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
       int const j = warp + NW * k;
       if (j < len) {
         float const w = __expf(sc[k] - m);
-        uint4 const cv = cr[k][u];
-        o[0] = fmaf(w, __uint_as_float(cv.x << 16), o[0]);
-        o[1] = fmaf(w, __uint_as_float(cv.x & 0xFFFF0000u), o[1]);
-        o[2] = fmaf(w, __uint_as_float(cv.y << 16), o[2]);
-        o[3] = fmaf(w, __uint_as_float(cv.y & 0xFFFF0000u), o[3]);
-        o[4] = fmaf(w, __uint_as_float(cv.z << 16), o[4]);
-        o[5] = fmaf(w, __uint_as_float(cv.z & 0xFFFF0000u), o[5]);
-        o[6] = fmaf(w, __uint_as_float(cv.w << 16), o[6]);
-        o[7] = fmaf(w, __uint_as_float(cv.w & 0xFFFF0000u), o[7]);
+        float f[8];
+        MlaChunk<MatFormat::kBf16>::decode(cr[k][u], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = fmaf(w, f[e], o[e]);
       }
     }
 #pragma unroll
