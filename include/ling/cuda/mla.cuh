@@ -689,6 +689,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
   float* const p = ol + r;
   float* const scratch = p + kMlaShortMaxLen;
   ops::pdl_trigger();
+  kernels::trace_mark(a.trace, 0);
   {  // the head's kv_b rows, W_UK then W_UV (one contiguous span): weights, requested before the wait
     char const* src = static_cast<char const*>(a.kv_b.data) + row0 * rb;
     std::int64_t const bytes = std::int64_t(rows) * rb;
@@ -707,6 +708,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     suv[i] = lane < nch && n < d.v ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + n, lane) : 0.f;
   }
   ops::pdl_wait();
+  kernels::trace_mark(a.trace, 1);
   std::int64_t const t = *a.position, len = t + 1;
   float const* q = a.q + std::int64_t(h) * d.qk();
   float qn[RW];  // q_nope at the warp's W_UK rows
@@ -748,6 +750,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
   }
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row and q̂'s rope part are in shared memory
+  if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
   if (h == 0)
     for (int i = tid; i < L; i += kMlaShortThreads) a.cache[t * L + i] = crow[i];
   // q̂ = W_UKᵀ q_nope: lane = one 16-byte chunk (E columns) of every row, warp w = rows w, w + NW, ...
@@ -785,6 +788,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     return;
   }
   __syncthreads();  // q̂ complete; red free again
+  if (a.trace_mid == 1) kernels::trace_mark(a.trace, 2);
   // the scores of the warp's tokens, from the rows it holds
   float const qscale = rsqrtf(float(d.qk()));
   float sc[TW];
@@ -812,6 +816,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     if (lane == 0 && j < len) p[j] = sc[k];
   }
   __syncthreads();
+  if (a.trace_mid == 2) kernels::trace_mark(a.trace, 2);
   // every warp finds the softmax's max and denominator itself (the same sums in the same order in each)
   float m = -INFINITY;
   for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
@@ -849,6 +854,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     ol[c] = acc / l;
   }
   __syncthreads();
+  if (a.trace_mid == 3) kernels::trace_mark(a.trace, 2);
   // O = W_UV o_lat times the gate: lane = chunk, warp w = rows w, w + NW, ...
   float x[E];
 #pragma unroll
@@ -874,6 +880,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     dot = dev::warp_sum(dot);
     if (lane == 0) out[std::int64_t(h) * d.v + n] = dot * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g[i]));
   }
+  kernels::trace_end(a.trace);
 }
 
 // The launches after the projections; out [H·dv] goes to the dense matvec. kernel kMlaShortKernel: the short-context

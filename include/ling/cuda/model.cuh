@@ -103,8 +103,8 @@ class CudaModel {
   }
 
   // LING_TRACE builds only (measurements): zeroes the timeline, runs one greedy step and returns per layer and region
-  // (attention projections, KDA step, o_proj / MLA dense, router, MoE A, MoE B) the blocks' records
-  // [layers][6][kTraceBlocks][4] in ns of %globaltimer (0 = not written). Empty without LING_TRACE.
+  // (attention projections, KDA step, o_proj / MLA dense, router, MoE A, MoE B, the MLA chain in one launch) the
+  // blocks' records [layers][7][kTraceBlocks][4] in ns of %globaltimer (0 = not written). Empty without LING_TRACE.
   std::vector<unsigned long long> trace_step() {
     if (!trace_) return {};
     std::size_t const n = layers_.size() * kTraceSlots * std::size_t(ops::kTraceRegion);
@@ -115,7 +115,7 @@ class CudaModel {
     synchronize();
     return v;
   }
-  static constexpr int kTraceSlots = 6;
+  static constexpr int kTraceSlots = 7;
 
   // Switches the LM head (recaptures the graph on the next step).
   void set_lm_head_fp8(bool fp8) {
@@ -579,8 +579,9 @@ class CudaModel {
   }
 
   // LING_TRACE set (not "0"; `ling bench` writes its table to that path): every layer's launches record a per-block
-  // timeline (cuda/linear.cuh "step timeline") into trace_, 6 regions per layer: attention projections (the first
-  // launch), KDA step, o_proj / MLA dense, router, MoE A, MoE B.
+  // timeline (cuda/linear.cuh "step timeline") into trace_, 7 regions per layer: attention projections (the first
+  // launch), KDA step, o_proj / MLA dense, router, MoE A, MoE B, and the MLA attention when it is the one launch
+  // (mla_short_kernel; the usual chain's launches are not traced).
   static bool trace_enabled() {
     static bool const on = [] {
       char const* e = std::getenv("LING_TRACE");
@@ -644,7 +645,11 @@ class CudaModel {
         ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
         ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
         ma.combine = mla_env().combine;
-        if (short_mla && mla_short_fits(ma)) ma.kernel = kMlaShortKernel;
+        if (short_mla && mla_short_fits(ma)) {
+          ma.kernel = kMlaShortKernel;
+          ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
+          ma.trace_mid = mla_env().trace_mid;
+        }
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
@@ -700,11 +705,12 @@ class CudaModel {
   //  tensor-core one with swizzled cache tiles; =4 that with two tiles per pass, =5 with Q̂'s loads before the tile
   //  copies (the automatic choice at Ling's shape), =6 with both (MlaDecodeArgs::kernel);
   //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
-  //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math only);
-  //  LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the partial
-  //  outputs in one round trip (A/B measurements).
+  //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math
+  //  only); LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the
+  //  partial outputs in one round trip (A/B measurements); LING_TRACE_MLA_MID=0..3: with LING_TRACE, where the
+  //  one-launch chain's midpoint mark is taken (MlaDecodeArgs::trace_mid).
   struct MlaEnv {
-    int kernel = 0, min_chunk = 0, diag = 0, combine = 0;
+    int kernel = 0, min_chunk = 0, diag = 0, combine = 0, trace_mid = 0;
   };
   static MlaEnv const& mla_env() {
     static MlaEnv const e = [] {
@@ -712,7 +718,8 @@ class CudaModel {
         char const* v = std::getenv(name);
         return v ? std::atoi(v) : 0;
       };
-      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_DIAG"), read("LING_MLA_COMBINE")};
+      return MlaEnv{read("LING_MLA_KERNEL"), read("LING_MLA_MIN_CHUNK"), read("LING_MLA_DIAG"),
+                    read("LING_MLA_COMBINE"), read("LING_TRACE_MLA_MID")};
     }();
     return e;
   }
