@@ -112,6 +112,22 @@ void BM_MlaDecode(benchmark::State& st) {
   a.kernel = int(st.range(1));  // 0 automatic, 1 CUDA cores, 2 tensor cores, 7 the whole chain in one launch (≤ 64 tokens)
   double bytes = double(ctx + 1) * L * 2 + double(kvb.bytes());
   time_loop(st, bytes, [&](cudaStream_t s) { mla_decode(a, gate.data<float>(), 1, out.data<float>(), s); });
+  if (a.kernel == kMlaShortClusterKernel) {
+    // clusters of 4 blocks resident at once (the launch has 32): fewer means a second wave
+    auto const k = mla_short_cluster_kernel<MatFormat::kFp8Block>;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(unsigned(H * kMlaCluster));
+    cfg.blockDim = dim3(unsigned(kMlaClusterThreads));
+    cfg.dynamicSmemBytes = mla_short_cluster_smem(d, 16);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kMlaCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    check(cudaOccupancyMaxActiveClusters(&n, k, &cfg), "max active clusters");
+    st.counters["max_clusters"] = n;
+  }
 }
 
 BENCHMARK(BM_KdaStep)->UseManualTime()->Unit(benchmark::kMicrosecond);
@@ -120,9 +136,10 @@ BENCHMARK(BM_MlaDecode)
     ->ArgNames({"ctx", "kernel"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
-// short contexts: the automatic chain (four launches) against the chain in one launch (mla_short_kernel)
+// short contexts: the automatic chain (four launches) against the chain in one launch (mla_short_kernel) and its
+// cluster form (mla_short_cluster_kernel)
 BENCHMARK(BM_MlaDecode)
-    ->ArgsProduct({{0, 32, 63}, {0, kMlaShortKernel}})
+    ->ArgsProduct({{0, 32, 63}, {0, kMlaShortKernel, kMlaShortClusterKernel}})
     ->ArgNames({"ctx", "kernel"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

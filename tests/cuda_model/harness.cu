@@ -162,6 +162,7 @@ MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<fl
   a.combine = combine;
   cuda::mla_decode(a, dg.data<float>(), gate_mode, out.data<float>());
   MlaOut r;
+  r.cluster = kernel == cuda::kMlaShortClusterKernel && cuda::mla_short_cluster_fits(a);
   r.out = down<float>(out, std::size_t(d.heads) * d.v);
   r.q_hat = down<float>(qhat, std::size_t(d.heads) * L);
   auto all = down<std::uint16_t>(dc, c.size());

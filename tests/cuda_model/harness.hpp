@@ -50,6 +50,7 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
 // the new cache row (as floats) and q̂ [H, r+dr].
 struct MlaOut {
   std::vector<float> out, new_row, q_hat;
+  bool cluster = false;  // kernel 8 asked and its cluster of blocks per head ran (mla_short_cluster_fits)
 };
 MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
                   std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,

@@ -217,6 +217,8 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
   auto gate = randn(std::size_t(gate_mode == 2 ? H * d.v : H));
   auto got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, splits, gate, gate_mode, kernel, min_chunk, combine);
+  // kernel 8 takes FP8 kv_b rows of 4·k 16-byte chunks (rank a multiple of 64); below that kernel 7 runs
+  if (kernel == cuda::kMlaShortClusterKernel) CHECK(got.cluster == (r % 64 == 0));
   // reference (double where it matters): new row, q̂, attention over pos+1 rows, W_UV, gate
   std::vector<float> row(static_cast<std::size_t>(L));
   double ss = 0;
@@ -279,7 +281,7 @@ void mla_case(cuda::MlaDims d, std::int64_t pos, int splits, int gate_mode, int 
   double const err = rel_l2(got.out, out);
   MESSAGE("mla kernel " << kernel << " H=" << H << " pos=" << pos << " splits=" << splits << " min chunk " << min_chunk
                          << " combine " << combine << ": rel L2 " << err);
-  CHECK(err < (kernel == 1 || kernel == cuda::kMlaShortKernel ? 1e-4 : 1e-2));
+  CHECK(err < (kernel == 1 || kernel >= cuda::kMlaShortKernel ? 1e-4 : 1e-2));
   if (kernel == 0 || kernel == 3 || kernel == 5 || kernel == 6) {
     // the swizzled tiles feed the same MMAs the same values in the same order: kernel 2's bits; where Q̂'s loads are
     // issued changes no value: kernel 3's and 4's bits; the automatic choice is kernel 5 at Ling's shape
@@ -358,6 +360,21 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("one launch: rope 32 (latent 544)") { mla_case(r32, 40, 1, 1, cuda::kMlaShortKernel); }
   SUBCASE("one launch: small dims, element-wise gate") { mla_case(small, 50, 1, 2, cuda::kMlaShortKernel); }
   SUBCASE("one launch: no rope, no gate") { mla_case(nope, 20, 1, 0, cuda::kMlaShortKernel); }
+  // kernel 8, a cluster of 4 blocks per head (each a quarter of the rank columns; the scores' and outputs' partials
+  // meet in distributed shared memory). Rank 64: one chunk per block and row, 256 row groups, rows not a multiple of
+  // anything, a rope part of one chunk
+  cuda::MlaDims r64{4, 24, 8, 40, 64, true, 10000.0, 1e-6f}, r64n{3, 24, 16, 8, 64, false, 10000.0, 1e-6f};
+  SUBCASE("cluster: first token") { mla_case(ling, 0, 1, 1, cuda::kMlaShortClusterKernel); }
+  SUBCASE("cluster: 2 tokens") { mla_case(ling, 1, 1, 1, cuda::kMlaShortClusterKernel); }
+  SUBCASE("cluster: 33 tokens") { mla_case(ling, 32, 1, 1, cuda::kMlaShortClusterKernel); }
+  SUBCASE("cluster: 64 tokens (its most), element-wise gate") {
+    mla_case(ling, 63, 1, 2, cuda::kMlaShortClusterKernel);
+  }
+  SUBCASE("cluster: rope 32 (latent 544)") { mla_case(r32, 40, 1, 1, cuda::kMlaShortClusterKernel); }
+  SUBCASE("cluster: rank 64, element-wise gate") { mla_case(r64, 50, 1, 2, cuda::kMlaShortClusterKernel); }
+  SUBCASE("cluster: rank 64, no rope, no gate") { mla_case(r64n, 20, 1, 0, cuda::kMlaShortClusterKernel); }
+  // a shape the cluster does not take (rank 32: 2 chunks per row) runs kernel 7's block per head
+  SUBCASE("cluster asked, small dims: one block per head") { mla_case(small, 50, 1, 2, cuda::kMlaShortClusterKernel); }
 }
 
 // The one-launch chain past its contract (65 tokens): NaN outputs, never a partial attention; the new cache row is

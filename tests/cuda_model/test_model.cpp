@@ -274,14 +274,18 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
 TEST_CASE("CUDA model with the MLA chain in one launch at short contexts (the default) and without = CPU model") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MLA_SHORT");
+  unsetenv("LING_MLA_SHORT_CLUSTER");
   ling::cuda::CudaModelOptions const shrt{4096, false, true};
   REQUIRE(shrt.mla_short == 64);
-  ling::cuda::CudaModelOptions usual = shrt;
+  REQUIRE(shrt.mla_short_cluster);
+  ling::cuda::CudaModelOptions usual = shrt, block = shrt;
   usual.mla_short = 0;
+  block.mla_short_cluster = false;  // a block per head (mla_short_kernel) instead of a cluster
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);
     compare(n, 23, 12, shrt);
     compare(n, 23, 12, usual);
+    compare(n, 23, 12, block);
     ling::cuda::CudaModelOptions eager = shrt;
     eager.use_graph = false;
     Divergence const d = diverge(n, shrt, eager, 23, 48, 4321);
@@ -294,15 +298,27 @@ TEST_CASE("CUDA model with the MLA chain in one launch at short contexts (the de
 // The same at Ling-3.0-flash's widths (6 layers, layer 5 an MLA layer, kv_b in block FP8: 32 heads of 128 KB rows):
 // 8 steps from position 0 against the usual step (flash_random_steps' mla_short 0), whose tensor-core attention rounds
 // Q̂ and P to bf16, so within 1e-2 (its kernel test's bound against the fp32 reference) and not equal; graph = eager
-// bit for bit.
+// bit for bit. Both forms of the one launch: a cluster of 4 blocks per head (the default) and a block per head.
 TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 of the usual step, deterministic") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MLA_SHORT");
   auto const base = flash_base(4246, 3001);
+  unsetenv("LING_MLA_SHORT_CLUSTER");
   auto const graph = ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, true, 64, kFlashSteps, 3001, &base.picks);
   auto const eager =
       ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, false, 64, kFlashSteps, 3001, &base.picks);
   check_flash_variant(graph, eager, base, 1e-2);
+  // a block per head (mla_short_kernel) instead of the default cluster: the same bound, another order of the sums
+  setenv("LING_MLA_SHORT_CLUSTER", "0", 1);
+  auto const bgraph =
+      ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, true, 64, kFlashSteps, 3001, &base.picks);
+  auto const beager =
+      ling::test_gpu::flash_random_steps(flash_cfg(), 6, 4246, false, 64, kFlashSteps, 3001, &base.picks);
+  unsetenv("LING_MLA_SHORT_CLUSTER");
+  check_flash_variant(bgraph, beager, base, 1e-2);
+  bool differs = false;
+  for (std::size_t i = 0; i < graph.logits.size(); ++i) differs = differs || graph.logits[i] != bgraph.logits[i];
+  CHECK(differs);
 }
 
 // o_proj and the MLA dense on the preloaded matvec (LING_MATVEC_PRELOAD=1, opt-in: linear.cuh matvec_preload_kernel,

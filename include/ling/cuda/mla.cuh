@@ -8,6 +8,8 @@
 //    the row groups. Extra blocks write the new cache row and the roped q_rope part (in parallel with the matvec).
 //  - mla_uv_fast_kernel: a warp owns 4 rows of one head; lane keeps its o_lat chunk(s) in registers for all 4 rows.
 // Shapes whose rows are not whole 16-byte chunks take the element-wise kernels (mla_prepare_kernel, mla_uv_kernel).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -883,11 +885,303 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
   kernels::trace_end(a.trace);
 }
 
+// ---- the chain in one launch, each head over a cluster of blocks (kMlaShortClusterKernel) --------------------------
+// Session 40's timeline of mla_short_kernel (H100, medians over the 7 MLA layers, µs after its PDL wait): kv_b landed
+// 5.5, q̂ 9.0, the scores 10.3, o_lat 12.2, the end 17.2. After the copy its 16 warps run every kv_b decode of the head
+// on one SM (128 × 512 weights for q̂ and again for W_UV, ~8 instructions each), so issue, not bytes, sets its time.
+// Here the head's kMlaCluster blocks split the latent columns: block c copies and decodes the rank columns
+// [c·r/kMlaCluster, (c+1)·r/kMlaCluster) of its kv_b rows (a quarter of the bytes and instructions), holds that slice
+// of q̂ and of o_lat, and block 0 also the rope part. Two exchanges go through distributed shared memory: the partial
+// scores (each block adds the kMlaCluster partials in rank order, so all blocks hold the same scores), and the partial
+// outputs of W_UV (block c sums rows [c·dv/kMlaCluster, ...) in rank order and stores them). fp32 throughout, as
+// mla_short_kernel. Thread t of a block takes chunk q = t mod cpb of its slice (cpb = chunks per block) in rows
+// t / cpb + (256 / cpb)·i; warp w holds the cache rows of tokens w, w + 8, ..., one 16-byte chunk per lane.
+// Blocks of 256 threads (at most 128 registers), so two fit an SM and a cluster of 4 needs only 2 free SMs. Session 40
+// measured blocks of 512 first (~116 registers: a whole SM each): an H100 then holds 30 clusters of 4 at once
+// (cudaOccupancyMaxActiveClusters), so 2 of the 32 heads ran in a second wave and the launch took 18.9 µs alone
+// against 14.1 for mla_short_kernel; with 256 threads it holds 62 and takes 10.3.
+inline constexpr int kMlaCluster = 4, kMlaClusterThreads = 256,
+                     kMlaClusterMaxRows = 8;  // rows of W_UK (and of W_UV) per thread at most
+
+// The block's shape: chunks of kv_b per row in its slice, rank columns in it, 16-byte cache chunks of block 0 (its
+// rank columns and the rope part).
+struct MlaClusterShape {
+  int cpb = 0, wn = 0, nlc0 = 0, groups = 0;
+};
+inline MlaClusterShape mla_cluster_shape(MlaDims const& d, int elems) {
+  MlaClusterShape s;
+  s.cpb = d.rank / elems / kMlaCluster;
+  s.wn = s.cpb * elems;
+  s.nlc0 = s.wn / 8 + d.rope / 8;
+  s.groups = s.cpb > 0 ? kMlaClusterThreads / s.cpb : 0;
+  return s;
+}
+// W slice [nope + v][cpb] chunks; 32 chunks of the new row; fp32: partials [warps][wn], q̂ [wn + rope], o_lat [wn],
+// partial and full scores [kMlaShortMaxLen] each, partial outputs [v], a block_sum scratch.
+inline std::size_t mla_short_cluster_smem(MlaDims const& d, int elems) {
+  MlaClusterShape const s = mla_cluster_shape(d, elems);
+  std::size_t const f =
+      std::size_t(kMlaClusterThreads / 32) * s.wn + s.wn + d.rope + s.wn + 2 * kMlaShortMaxLen + d.v + 32;
+  return std::size_t(d.nope + d.v) * s.cpb * 16 + 32 * 16 + f * 4;
+}
+inline bool mla_short_cluster_fits(MlaDecodeArgs const& a) {
+  int const e = mla_chunk_elems(a.kv_b.format);
+  if (!mla_kvb_vectorizable(a) || !mla_can_implement(a.d).is_ok() || (a.d.rank / e) % kMlaCluster != 0) return false;
+  MlaClusterShape const s = mla_cluster_shape(a.d, e);
+  return s.cpb >= 1 && s.cpb <= 32 && 32 % s.cpb == 0 && s.wn % 8 == 0 && a.d.rope % 8 == 0 && s.nlc0 <= 32 &&
+         a.d.nope <= kMlaClusterMaxRows * s.groups && a.d.v <= kMlaClusterMaxRows * s.groups &&
+         reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
+         mla_short_cluster_smem(a.d, e) <=
+             std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
+
+template <MatFormat F>
+__global__ void __launch_bounds__(kMlaClusterThreads, 2)
+    mla_short_cluster_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
+  namespace cg = cooperative_groups;
+  using D = MlaChunk<F>;
+  constexpr int E = D::kElems, C = kMlaCluster, NT = kMlaClusterThreads, NW = NT / 32, R = kMlaClusterMaxRows,
+                TW = kMlaShortMaxLen / NW;
+  static_assert(kMlaShortMaxLen % NW == 0, "mla_short_cluster_kernel: each warp holds kMlaShortMaxLen / warps rows");
+  extern __shared__ __align__(16) unsigned char smraw[];
+  cg::cluster_group cluster = cg::this_cluster();
+  MlaDims const d = a.d;
+  int const c = int(cluster.block_rank()), h = int(blockIdx.x) / C, tid = int(threadIdx.x), lane = tid & 31,
+            warp = tid >> 5;
+  int const L = d.latent(), r = d.rank, nch = r / E, cpb = nch / C, G = NT / cpb, wn = cpb * E, rows = d.nope + d.v,
+            q = tid % cpb, rg = tid / cpb, nlc = wn / 8 + (c == 0 ? d.rope / 8 : 0), col0 = c * wn;
+  std::int64_t const rb = std::int64_t(nch) * 16, row0 = std::int64_t(h) * rows;
+  unsigned char* const W = smraw;
+  std::uint16_t* const crow = reinterpret_cast<std::uint16_t*>(smraw + std::int64_t(rows) * cpb * 16);
+  float* const red = reinterpret_cast<float*>(crow + 32 * 8);
+  float* const qh = red + NW * wn;  // [wn | rope]: the block's latent columns in its chunks' order
+  float* const ol = qh + wn + d.rope;
+  float* const ps = ol + wn;
+  float* const pf = ps + kMlaShortMaxLen;
+  float* const po = pf + kMlaShortMaxLen;
+  float* const scratch = po + d.v;
+  ops::pdl_trigger();
+  kernels::trace_mark(a.trace, 0);
+  {  // the block's slice of the head's kv_b rows (W_UK then W_UV): weights, requested before the wait
+    char const* src = static_cast<char const*>(a.kv_b.data) + row0 * rb + std::int64_t(c) * cpb * 16;
+    for (int i = tid; i < rows * cpb; i += NT)
+      kernels::cp_async16(W + std::int64_t(i) * 16, src + std::int64_t(i / cpb) * rb + (i % cpb) * 16);
+    kernels::cp_async_commit();
+  }
+  float suk[R], suv[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    int const n = rg + G * i;
+    suk[i] = n < d.nope ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, c * cpb + q) : 0.f;
+    suv[i] = n < d.v ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + n, c * cpb + q) : 0.f;
+  }
+  ops::pdl_wait();
+  kernels::trace_mark(a.trace, 1);
+  std::int64_t const t = *a.position, len = t + 1;
+  float const* qv = a.q + std::int64_t(h) * d.qk();
+  float qn[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) qn[i] = rg + G * i < d.nope ? qv[rg + G * i] : 0.f;
+  // latent column of the block's chunk l: its rank columns, then (block 0) the rope part
+  auto const lcol = [&](int l) { return l < wn / 8 ? col0 + 8 * l : r + 8 * (l - wn / 8); };
+  uint4 cr[TW];
+#pragma unroll
+  for (int k = 0; k < TW; ++k) {
+    std::int64_t const j = warp + NW * k;
+    cr[k] = j < len && j != t && lane < nlc ? *reinterpret_cast<uint4 const*>(a.cache + j * L + lcol(lane))
+                                            : make_uint4(0u, 0u, 0u, 0u);
+  }
+  // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
+  float ss = 0.f;
+  for (int i = tid; i < r; i += NT) ss += a.kv_a[i] * a.kv_a[i];
+  float const inv = rsqrtf(dev::block_sum(ss, scratch) / float(r) + d.eps);
+  for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
+  if (c == 0) {
+    if (d.use_rope) {
+      for (int j = tid; j < d.rope / 2; j += NT) {
+        float x0 = a.kv_a[r + 2 * j], x1 = a.kv_a[r + 2 * j + 1];
+        rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+        crow[wn + 2 * j] = bf16_from_float(x0).bits;
+        crow[wn + 2 * j + 1] = bf16_from_float(x1).bits;
+        float y0 = qv[d.nope + 2 * j], y1 = qv[d.nope + 2 * j + 1];
+        rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
+        qh[wn + 2 * j] = y0;
+        qh[wn + 2 * j + 1] = y1;
+      }
+    } else {
+      for (int j = tid; j < d.rope; j += NT) {
+        crow[wn + j] = bf16_from_float(a.kv_a[r + j]).bits;
+        qh[wn + j] = qv[d.nope + j];
+      }
+    }
+  }
+  kernels::cp_async_wait(0);
+  __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
+  if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
+  if (h == 0)
+    for (int i = tid; i < nlc * 8; i += NT) a.cache[t * L + lcol(i / 8) + i % 8] = crow[i];
+  {  // q̂'s slice = W_UKᵀ q_nope over the block's columns: the thread's rows, then the warp's row groups (shuffles)
+    float acc[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[e] = 0.f;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int const n = rg + G * i;
+      if (n < d.nope) {
+        float f[E];
+        D::decode(*reinterpret_cast<uint4 const*>(W + (std::int64_t(n) * cpb + q) * 16), f);
+        float const s = suk[i] * qn[i];
+#pragma unroll
+        for (int e = 0; e < E; ++e) acc[e] = fmaf(f[e], s, acc[e]);
+      }
+    }
+    for (int o = cpb; o < 32; o <<= 1)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    if (lane < cpb)
+#pragma unroll
+      for (int e = 0; e < E; ++e) red[warp * wn + q * E + e] = acc[e];
+  }
+  __syncthreads();
+  for (int i = tid; i < wn; i += NT) {  // the warps' partials in warp order
+    float v = 0.f;
+    for (int w = 0; w < NW; ++w) v += red[w * wn + i];
+    qh[i] = v;
+    a.q_hat[std::int64_t(h) * L + col0 + i] = v;
+  }
+  if (c == 0)
+    for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
+  if (len > kMlaShortMaxLen) {  // the caller's contract broken (uniform over the cluster): NaN outputs
+    int const vb = (d.v + C - 1) / C;
+    for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT)
+      out[std::int64_t(h) * d.v + n] = __uint_as_float(0x7FC00000u);
+    return;
+  }
+  __syncthreads();  // q̂'s slice complete; red free again
+  if (a.trace_mid == 1) kernels::trace_mark(a.trace, 2);
+    // the partial scores of the warp's tokens over the block's columns
+#pragma unroll
+  for (int k = 0; k < TW; ++k) {
+    int const j = warp + NW * k;
+    float s = 0.f;
+    if (j < len && lane < nlc) {
+      if (j == t) cr[k] = reinterpret_cast<uint4 const*>(crow)[lane];
+      float f[8];
+      MlaChunk<MatFormat::kBf16>::decode(cr[k], f);
+      float4 const qa = *reinterpret_cast<float4 const*>(qh + lane * 8),
+                   qb = *reinterpret_cast<float4 const*>(qh + lane * 8 + 4);
+      float const qq[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s = fmaf(f[e], qq[e], s);
+    }
+    s = dev::warp_sum(s);
+    if (lane == 0 && j < len) ps[j] = s;
+  }
+  cluster.sync();  // every block's partial scores
+  float const qscale = rsqrtf(float(d.qk()));
+  for (int j = tid; j < len; j += NT) {
+    float v = 0.f;
+    for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(ps, b)[j];
+    pf[j] = v * qscale;
+  }
+  __syncthreads();
+  if (a.trace_mid == 2) kernels::trace_mark(a.trace, 2);
+  float m = -INFINITY;
+  for (int j = lane; j < len; j += 32) m = fmaxf(m, pf[j]);
+  m = dev::warp_max(m);
+  float l = 0.f;
+  for (int j = lane; j < len; j += 32) l += __expf(pf[j] - m);
+  l = dev::warp_sum(l);
+  // the warp's share of o_lat's slice (its tokens' chunks weighted by their numerators), partials by warp into red
+  if (lane < wn / 8) {
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+    for (int k = 0; k < TW; ++k) {
+      int const j = warp + NW * k;
+      if (j < len) {
+        float const w = __expf(pf[j] - m);
+        float f[8];
+        MlaChunk<MatFormat::kBf16>::decode(cr[k], f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[e] = fmaf(w, f[e], o[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) red[warp * wn + lane * 8 + e] = o[e];
+  }
+  __syncthreads();
+  for (int i = tid; i < wn; i += NT) {
+    float acc = 0.f;
+    for (int w = 0; w < NW; ++w) acc += red[w * wn + i];
+    ol[i] = acc / l;
+  }
+  __syncthreads();
+  if (a.trace_mid == 3) kernels::trace_mark(a.trace, 2);
+  {  // the partial outputs W_UV[n, slice] · o_lat[slice]: the thread's chunk of its rows, then the row's cpb lanes
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = ol[q * E + e];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int const n = rg + G * i;
+      if (i * G >= d.v) break;  // uniform: no thread of the block has a row here
+      float dot = 0.f;
+      if (n < d.v) {
+        float f[E];
+        D::decode(*reinterpret_cast<uint4 const*>(W + (std::int64_t(d.nope + n) * cpb + q) * 16), f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot = fmaf(f[e], x[e], dot);
+        dot *= suv[i];
+      }
+      for (int o = 1; o < cpb; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (q == 0 && n < d.v) po[n] = dot;
+    }
+  }
+  cluster.sync();  // every block's partial outputs
+  {                // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
+    int const vb = (d.v + C - 1) / C;
+    for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT) {
+      float v = 0.f;
+      for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
+      std::int64_t const idx = std::int64_t(h) * d.v + n;
+      float const g = gate_mode == 1 ? gate[h] : gate_mode == 2 ? gate[idx] : 0.f;
+      out[idx] = v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
+    }
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+  kernels::trace_end(a.trace);
+}
+
 // The launches after the projections; out [H·dv] goes to the dense matvec. kernel kMlaShortKernel: the short-context
 // chain in one launch (mla_short_kernel: the caller guarantees position + 1 ≤ kMlaShortMaxLen), where it fits.
 inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
   mla_can_implement(a.d).throw_if_error();
-  if (a.kernel == kMlaShortKernel) {
+  if (a.kernel == kMlaShortClusterKernel && mla_short_cluster_fits(a)) {
+    ops::dispatch_format(a.kv_b.format, [&](auto f) {
+      constexpr MatFormat F = decltype(f)::value;
+      auto const kern = mla_short_cluster_kernel<F>;
+      std::size_t const smem = mla_short_cluster_smem(a.d, MlaChunk<F>::kElems);
+      ops::allow_smem(kern, smem);
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(unsigned(a.d.heads * kMlaCluster));
+      cfg.blockDim = dim3(unsigned(kMlaClusterThreads));
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = st;
+      cudaLaunchAttribute attr[2];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = kMlaCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[1].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = kernels::pdl_enabled() && st != nullptr ? 2 : 1;
+      check(cudaLaunchKernelEx(&cfg, kern, a, gate, gate_mode, out), "mla_short_cluster launch");
+    });
+    check_launch("mla_short_cluster");
+    return;
+  }
+  if (a.kernel == kMlaShortKernel || a.kernel == kMlaShortClusterKernel) {
     require(
         mla_short_fits(a), ErrorCode::kUnsupported,
         "mla decode: the short-context kernel needs kv_b rows of at most 32 whole 16-byte chunks, qk_nope_head_dim "

@@ -42,7 +42,8 @@ struct MlaDecodeArgs {
                               // cores, 2 tensor cores with padded cache tiles, 3 tensor cores with swizzled cache tiles
                               // (latent a multiple of 64, else as 2), 4 as 3 with two tiles per pass, 5 as 3 with Q̂'s
                               // loads before the tile copies, 6 as 4 with them; 7 (kMlaShortKernel, mla.cuh) the
-                              // whole chain in one launch of a block per head, for position + 1 <= 64 only
+                              // whole chain in one launch of a block per head, for position + 1 <= 64 only; 8
+                              // (kMlaShortClusterKernel) that chain with a cluster of blocks per head
   int min_chunk = 0;          // tokens per split at least (0: the kernel's default; mla_decode sets it for the combine)
   int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
   int combine = 0;            // the splits' combine: 0 auto (the partial outputs in one round trip, mla_combine_wide_kernel,
@@ -57,6 +58,9 @@ struct MlaDecodeArgs {
 // MlaDecodeArgs::kernel for the whole chain in one launch at short contexts (mla.cuh mla_short_kernel), which takes
 // contexts (position + 1) of at most kMlaShortMaxLen tokens.
 inline constexpr int kMlaShortKernel = 7;
+// The same chain with each head over a cluster of blocks (mla.cuh mla_short_cluster_kernel: each block a quarter of the
+// latent columns); where that shape does not fit, kMlaShortKernel's one block per head runs instead.
+inline constexpr int kMlaShortClusterKernel = 8;
 inline constexpr int kMlaShortMaxLen = 64;
 
 // Split-context layout shared by the attention kernels and the combine: each split takes `mla_chunk` tokens

@@ -230,6 +230,7 @@ class CudaModel {
             c.source + ": the CUDA model runs Ling (bailing_hybrid) checkpoints; Kimi-Linear names are not mapped yet");
     require(c.no_kda_lora, ErrorCode::kUnsupported, c.source + ": the CUDA model needs full-rank KDA f/g projections (no_kda_lora)");
     opt_.mla_short = env_int("LING_MLA_SHORT", opt_.mla_short);
+    opt_.mla_short_cluster = env_int("LING_MLA_SHORT_CLUSTER", opt_.mla_short_cluster ? 1 : 0) != 0;
     require(opt_.mla_short >= 0 && opt_.mla_short <= kMlaShortMaxLen, ErrorCode::kInvalidArgument,
             "CudaModelOptions::mla_short (or LING_MLA_SHORT) is " + std::to_string(opt_.mla_short) +
                 ": the short-context MLA kernel takes positions below at most " + std::to_string(kMlaShortMaxLen));
@@ -594,7 +595,8 @@ class CudaModel {
   }
 
   // short_mla: the MLA layers' attention chain in one launch (CudaModelOptions::mla_short; only for positions below
-  // it: mla_short_kernel's contract), where mla_short_fits; else the usual launches.
+  // it: mla_short_kernel's contract), where mla_short_fits (a cluster per head with mla_short_cluster, where that
+  // fits too); else the usual launches.
   void enqueue_step(cudaStream_t st, bool short_mla) {
     ModelConfig const& c = c_;
     embedding({embed_, token_dev_, x_, 1}, st);
@@ -646,7 +648,7 @@ class CudaModel {
         ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
         ma.combine = mla_env().combine;
         if (short_mla && mla_short_fits(ma)) {
-          ma.kernel = kMlaShortKernel;
+          ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
           ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
           ma.trace_mid = mla_env().trace_mid;
         }
@@ -708,7 +710,7 @@ class CudaModel {
   //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math
   //  only); LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the
   //  partial outputs in one round trip (A/B measurements); LING_TRACE_MLA_MID=0..3: with LING_TRACE, where the
-  //  one-launch chain's midpoint mark is taken (MlaDecodeArgs::trace_mid).
+  //  one-launch chain's midpoint mark is taken (MlaDecodeArgs::trace_mid);
   struct MlaEnv {
     int kernel = 0, min_chunk = 0, diag = 0, combine = 0, trace_mid = 0;
   };

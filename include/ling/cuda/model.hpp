@@ -22,6 +22,10 @@ struct CudaModelOptions {
   // measured it 0.01-0.02 ms per token faster at context 0 (docs/kernels.md "The MLA chain in one launch at short
   // contexts"); LING_MLA_SHORT=n overrides it.
   int mla_short = 64;
+  // That launch with each head over a cluster of 4 blocks, each a quarter of the latent columns (mla.cuh
+  // mla_short_cluster_kernel), where the shape fits (else a block per head). The default since session 40: 0.03 ms per
+  // token faster at context 0 on an H100 (docs/kernels.md); LING_MLA_SHORT_CLUSTER=0|1 overrides it.
+  bool mla_short_cluster = true;
 };
 
 // What one decode step reads and writes in device memory (spec §4), in bytes.
