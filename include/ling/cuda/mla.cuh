@@ -649,6 +649,47 @@ inline Status mla_can_implement(MlaDims const& d) {
 // kernel only in its short-context graph); a longer context gets NaN outputs, never a partial attention. Needs rows
 // of at most 32 chunks (lane = chunk), nope and v_head_dim ≤ 128, a latent ≤ 768 and the shared memory of
 // mla_short_smem (mla_short_fits).
+// The one-launch kernels' new cache row, as mla_write_cache_row forms it: the RMSNorm's 1/rms over all of c (every
+// block computes it), and the rope parts of the row (bf16, at row[off..]) and of q̂ (at qh[off..], from the head's q):
+// threads tid, tid + nt, ... of the block; scratch: 32 floats.
+__device__ __forceinline__ float mla_row_inv_rms(MlaDims const& d, float const* kv_a, int tid, int nt, float* scratch) {
+  float ss = 0.f;
+  for (int i = tid; i < d.rank; i += nt) ss += kv_a[i] * kv_a[i];
+  return rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
+}
+__device__ __forceinline__ void mla_rope_parts(MlaDims const& d, float const* kv_a, float const* q, std::int64_t t,
+                                               std::uint16_t* row, float* qh, int off, int tid, int nt) {
+  int const r = d.rank;
+  if (d.use_rope) {
+    for (int j = tid; j < d.rope / 2; j += nt) {
+      float x0 = kv_a[r + 2 * j], x1 = kv_a[r + 2 * j + 1];
+      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+      row[off + 2 * j] = bf16_from_float(x0).bits;
+      row[off + 2 * j + 1] = bf16_from_float(x1).bits;
+      float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
+      rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
+      qh[off + 2 * j] = y0;
+      qh[off + 2 * j + 1] = y1;
+    }
+  } else {
+    for (int j = tid; j < d.rope; j += nt) {
+      row[off + j] = bf16_from_float(kv_a[r + j]).bits;
+      qh[off + j] = q[d.nope + j];
+    }
+  }
+}
+
+// The softmax's max and denominator over scores p[0, len), by one warp (every warp of the one-launch kernels does it
+// itself: the same sums in the same order in each).
+__device__ __forceinline__ void mla_softmax_stats(float const* p, std::int64_t len, int lane, float& m, float& l) {
+  m = -INFINITY;
+  for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
+  m = dev::warp_max(m);
+  l = 0.f;
+  for (int j = lane; j < len; j += 32) l += __expf(p[j] - m);
+  l = dev::warp_sum(l);
+}
+
 inline constexpr int kMlaShortThreads = 512, kMlaShortWarps = kMlaShortThreads / 32;
 // Rows of W_UK and of W_UV per warp (so nope and v_head_dim of at most 8 · 16 = 128), and 16-byte chunks of a cache
 // row per lane (latent of at most 3 · 32 · 8 = 768), each held in registers.
@@ -729,27 +770,9 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
                                               : make_uint4(0u, 0u, 0u, 0u);
     }
   // the new cache row [RMSNorm(c) | RoPE(k_rope)] as mla_write_cache_row forms it; q̂'s rope part
-  float ss = 0.f;
-  for (int i = tid; i < r; i += kMlaShortThreads) ss += a.kv_a[i] * a.kv_a[i];
-  float const inv = rsqrtf(dev::block_sum(ss, scratch) / float(r) + d.eps);
+  float const inv = mla_row_inv_rms(d, a.kv_a, tid, kMlaShortThreads, scratch);
   for (int i = tid; i < r; i += kMlaShortThreads) crow[i] = bf16_from_float(a.kv_norm[i] * (a.kv_a[i] * inv)).bits;
-  if (d.use_rope) {
-    for (int j = tid; j < d.rope / 2; j += kMlaShortThreads) {
-      float x0 = a.kv_a[r + 2 * j], x1 = a.kv_a[r + 2 * j + 1];
-      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
-      crow[r + 2 * j] = bf16_from_float(x0).bits;
-      crow[r + 2 * j + 1] = bf16_from_float(x1).bits;
-      float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
-      rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
-      qh[r + 2 * j] = y0;
-      qh[r + 2 * j + 1] = y1;
-    }
-  } else {
-    for (int j = tid; j < d.rope; j += kMlaShortThreads) {
-      crow[r + j] = bf16_from_float(a.kv_a[r + j]).bits;
-      qh[r + j] = q[d.nope + j];
-    }
-  }
+  mla_rope_parts(d, a.kv_a, q, t, crow, qh, r, tid, kMlaShortThreads);
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
@@ -820,12 +843,8 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
   __syncthreads();
   if (a.trace_mid == 2) kernels::trace_mark(a.trace, 2);
   // every warp finds the softmax's max and denominator itself (the same sums in the same order in each)
-  float m = -INFINITY;
-  for (int j = lane; j < len; j += 32) m = fmaxf(m, p[j]);
-  m = dev::warp_max(m);
-  float l = 0.f;
-  for (int j = lane; j < len; j += 32) l += __expf(p[j] - m);
-  l = dev::warp_sum(l);
+  float m, l;
+  mla_softmax_stats(p, len, lane, m, l);
   // the warp's share of o_lat (its tokens' rows weighted by their numerators), partials by warp into red
 #pragma unroll
   for (int u = 0; u < U; ++u) {
@@ -992,29 +1011,9 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
                                             : make_uint4(0u, 0u, 0u, 0u);
   }
   // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
-  float ss = 0.f;
-  for (int i = tid; i < r; i += NT) ss += a.kv_a[i] * a.kv_a[i];
-  float const inv = rsqrtf(dev::block_sum(ss, scratch) / float(r) + d.eps);
+  float const inv = mla_row_inv_rms(d, a.kv_a, tid, NT, scratch);
   for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
-  if (c == 0) {
-    if (d.use_rope) {
-      for (int j = tid; j < d.rope / 2; j += NT) {
-        float x0 = a.kv_a[r + 2 * j], x1 = a.kv_a[r + 2 * j + 1];
-        rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
-        crow[wn + 2 * j] = bf16_from_float(x0).bits;
-        crow[wn + 2 * j + 1] = bf16_from_float(x1).bits;
-        float y0 = qv[d.nope + 2 * j], y1 = qv[d.nope + 2 * j + 1];
-        rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
-        qh[wn + 2 * j] = y0;
-        qh[wn + 2 * j + 1] = y1;
-      }
-    } else {
-      for (int j = tid; j < d.rope; j += NT) {
-        crow[wn + j] = bf16_from_float(a.kv_a[r + j]).bits;
-        qh[wn + j] = qv[d.nope + j];
-      }
-    }
-  }
+  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT);
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
@@ -1086,12 +1085,8 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   }
   __syncthreads();
   if (a.trace_mid == 2) kernels::trace_mark(a.trace, 2);
-  float m = -INFINITY;
-  for (int j = lane; j < len; j += 32) m = fmaxf(m, pf[j]);
-  m = dev::warp_max(m);
-  float l = 0.f;
-  for (int j = lane; j < len; j += 32) l += __expf(pf[j] - m);
-  l = dev::warp_sum(l);
+  float m, l;
+  mla_softmax_stats(pf, len, lane, m, l);
   // the warp's share of o_lat's slice (its tokens' chunks weighted by their numerators), partials by warp into red
   if (lane < wn / 8) {
     float o[8];
