@@ -1544,7 +1544,9 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // first row requested before the block barrier, into L2 (prefetch.global.L2) or into registers after the
 // quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
 // the staged inputs also covered the rows).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false>
+// kDiag 1 (LING_MOE_B_DIAG=1, measurements only, wrong outputs): the same loads, each row's words folded into its sum
+// by xor instead of decoded (session 40's probe: are launch B's ~6 µs after its staging the loads or the decode?).
+template <class KS, int kU, bool kFull, int R, bool kOnce = false, int kDiag = 0>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1630,6 +1632,11 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     for (int n = 0; n < R; ++n) acc[n] = 0.f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
+      if constexpr (kDiag == 1) {
+#pragma unroll
+        for (int n = 0; n < R; ++n) acc[n] += float(v[u][n].x ^ v[u][n].y ^ v[u][n].z ^ v[u][n].w ^ sc[u][n]);
+        continue;
+      }
       if (kFull || lane + 32 * u < nq) {
         int2 d[R];
         q8u_chunk<R>(v[u], q + 9 * (lane + 32 * u), pos_lo, neg_lo, d);
@@ -1696,7 +1703,10 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
+      if (env_level("LING_MOE_B_DIAG", 1) == 1) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 1>);
+      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    }
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
