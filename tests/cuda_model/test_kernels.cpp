@@ -377,8 +377,8 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("cluster asked, small dims: one block per head") { mla_case(small, 50, 1, 2, cuda::kMlaShortClusterKernel); }
 }
 
-// The one-launch chain past its contract (65 tokens): NaN outputs, never a partial attention; the new cache row is
-// still stored.
+// The one-launch chain past its contract (65 tokens), in both forms: NaN outputs, never a partial attention; the new
+// cache row is still stored (by the cluster form, each block its slice of it).
 TEST_CASE("MLA chain in one launch: a context past its 64 tokens gives NaN outputs") {
   LING_REQUIRE_GPU();
   cuda::MlaDims const d{32, 128, 64, 128, 512, true, 6e6, 1e-6f};
@@ -389,13 +389,17 @@ TEST_CASE("MLA chain in one launch: a context past its 64 tokens gives NaN outpu
   auto q = randn(std::size_t(H) * d.qk()), kv_a = randn(std::size_t(L)), kv_norm = randn(std::size_t(r));
   std::vector<std::uint16_t> cache(std::size_t(pos * L));
   for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
-  auto const got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, 1, randn(std::size_t(H)), 1, cuda::kMlaShortKernel);
-  int nan = 0;
-  for (float v : got.out) nan += std::isnan(v) ? 1 : 0;
-  CHECK(nan == int(got.out.size()));
-  int finite = 0;
-  for (float v : got.new_row) finite += std::isfinite(v) ? 1 : 0;
-  CHECK(finite == L);
+  for (int kernel : {cuda::kMlaShortKernel, cuda::kMlaShortClusterKernel}) {  // a block per head, a cluster
+    CAPTURE(kernel);
+    auto const got = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, 1, randn(std::size_t(H)), 1, kernel);
+    CHECK(got.cluster == (kernel == cuda::kMlaShortClusterKernel));
+    int nan = 0;
+    for (float v : got.out) nan += std::isnan(v) ? 1 : 0;
+    CHECK(nan == int(got.out.size()));
+    int finite = 0;
+    for (float v : got.new_row) finite += std::isfinite(v) ? 1 : 0;
+    CHECK(finite == L);
+  }
 }
 
 namespace {

@@ -630,25 +630,6 @@ inline Status mla_can_implement(MlaDims const& d) {
   return Status::ok();
 }
 
-// ---- the short-context chain in one launch (MlaDecodeArgs::kernel kMlaShortKernel) ----------------------------------
-// At context 0 the chain above is four launches for ~4 MB of kv_b and a few cache rows: q̂ (mla_qhat_kernel), the
-// attention on one split, the combine and W_UV (mla_uv_fast_kernel), each waiting for the one before (session 24's
-// trace: 22.3 µs per MLA layer with the dense matvec, where a KDA layer's o_proj region takes 4.3). Every step of it is
-// per head but the cache row, which every head can form itself. So one block per head does it all: its kv_b rows (W_UK
-// then W_UV, one contiguous span: 128 KB in FP8 at Ling's shape) are copied into shared memory before the PDL wait
-// (they depend on nothing); after it the block forms the new cache row in shared memory (block 0 also stores it), q̂
-// (the warps' partial sums over W_UK's rows meet in shared memory), the scores of the `len` = position + 1 tokens, the
-// softmax, o_lat and W_UV · o_lat times the gate. Warp w holds the cache rows of tokens w, w + 16, ... in registers
-// (loaded from L2 right after the wait; the new one from shared memory): their scores, then their share of o_lat,
-// the warps' shares added in warp order. Session 39 measured the first version (a warp per token reading its row in the
-// score loop, a thread per column reading every row again for o_lat, each row's scale loaded in the row loops) at
-// ~17 µs from the projections' end, the loops paying one L2 latency per iteration; so every global load of a phase
-// is now issued before the phase's arithmetic, the scales before the wait. All in fp32 (the tensor-core attention
-// rounds Q̂ and P to bf16), so its outputs are within 1e-4 of the CUDA-core chain's (another order of the sums). It
-// also stores q̂ (a.q_hat), as the chain does. The caller guarantees len ≤ kMlaShortMaxLen (the model takes this
-// kernel only in its short-context graph); a longer context gets NaN outputs, never a partial attention. Needs rows
-// of at most 32 chunks (lane = chunk), nope and v_head_dim ≤ 128, a latent ≤ 768 and the shared memory of
-// mla_short_smem (mla_short_fits).
 // The one-launch kernels' new cache row, as mla_write_cache_row forms it: the RMSNorm's 1/rms over all of c (every
 // block computes it), and the rope parts of the row (bf16, at row[off..]) and of q̂ (at qh[off..], from the head's q):
 // threads tid, tid + nt, ... of the block; scratch: 32 floats.
@@ -690,6 +671,25 @@ __device__ __forceinline__ void mla_softmax_stats(float const* p, std::int64_t l
   l = dev::warp_sum(l);
 }
 
+// ---- the short-context chain in one launch (MlaDecodeArgs::kernel kMlaShortKernel) ----------------------------------
+// At context 0 the chain above is four launches for ~4 MB of kv_b and a few cache rows: q̂ (mla_qhat_kernel), the
+// attention on one split, the combine and W_UV (mla_uv_fast_kernel), each waiting for the one before (session 24's
+// trace: 22.3 µs per MLA layer with the dense matvec, where a KDA layer's o_proj region takes 4.3). Every step of it is
+// per head but the cache row, which every head can form itself. So one block per head does it all: its kv_b rows (W_UK
+// then W_UV, one contiguous span: 128 KB in FP8 at Ling's shape) are copied into shared memory before the PDL wait
+// (they depend on nothing); after it the block forms the new cache row in shared memory (block 0 also stores it), q̂
+// (the warps' partial sums over W_UK's rows meet in shared memory), the scores of the `len` = position + 1 tokens, the
+// softmax, o_lat and W_UV · o_lat times the gate. Warp w holds the cache rows of tokens w, w + 16, ... in registers
+// (loaded from L2 right after the wait; the new one from shared memory): their scores, then their share of o_lat,
+// the warps' shares added in warp order. Session 39 measured the first version (a warp per token reading its row in the
+// score loop, a thread per column reading every row again for o_lat, each row's scale loaded in the row loops) at
+// ~17 µs from the projections' end, the loops paying one L2 latency per iteration; so every global load of a phase
+// is now issued before the phase's arithmetic, the scales before the wait. All in fp32 (the tensor-core attention
+// rounds Q̂ and P to bf16), so its outputs are within 1e-4 of the CUDA-core chain's (another order of the sums). It
+// also stores q̂ (a.q_hat), as the chain does. The caller guarantees len ≤ kMlaShortMaxLen (the model takes this
+// kernel only in its short-context graph); a longer context gets NaN outputs, never a partial attention. Needs rows
+// of at most 32 chunks (lane = chunk), nope and v_head_dim ≤ 128, a latent ≤ 768 and the shared memory of
+// mla_short_smem (mla_short_fits).
 inline constexpr int kMlaShortThreads = 512, kMlaShortWarps = kMlaShortThreads / 32;
 // Rows of W_UK and of W_UV per warp (so nope and v_head_dim of at most 8 · 16 = 128), and 16-byte chunks of a cache
 // row per lane (latent of at most 3 · 32 · 8 = 768), each held in registers.
@@ -1057,8 +1057,8 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     return;
   }
   __syncthreads();  // q̂'s slice complete; red free again
+  // the partial scores of the warp's tokens over the block's columns
   if (a.trace_mid == 1) kernels::trace_mark(a.trace, 2);
-    // the partial scores of the warp's tokens over the block's columns
 #pragma unroll
   for (int k = 0; k < TW; ++k) {
     int const j = warp + NW * k;
