@@ -1545,7 +1545,10 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
 // the staged inputs also covered the rows).
 // kDiag 1 (LING_MOE_B_DIAG=1, measurements only, wrong outputs): the same loads, each row's words folded into its sum
-// by xor instead of decoded (session 40's probe: are launch B's ~6 µs after its staging the loads or the decode?).
+// by xor instead of decoded (session 40's probe: are launch B's ~6 µs after its staging the loads or the decode?
+// The loads: without the decode it ended 0.6 µs sooner). kDiag 2 (=2, the default's outputs): the timeline's midpoint
+// becomes the time the last warp of the block had all of its row's loads back (an xor fold of them compared before
+// the mark), so the region shows when the bytes land against when the block ends.
 template <class KS, int kU, bool kFull, int R, bool kOnce = false, int kDiag = 0>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
@@ -1627,6 +1630,18 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         }
       }
     }
+    if constexpr (kDiag == 2) {
+      std::uint32_t fold = 0;
+#pragma unroll
+      for (int u = 0; u < kU; ++u)
+        if (kFull || lane + 32 * u < nq)
+#pragma unroll
+          for (int n = 0; n < R; ++n) fold ^= v[u][n].x ^ v[u][n].y ^ v[u][n].z ^ v[u][n].w ^ sc[u][n];
+      __shared__ std::uint32_t s_fold;
+      if (fold == 0x9E3779B9u) *static_cast<std::uint32_t volatile*>(&s_fold) = fold;  // needs every load back
+      __syncwarp();
+      trace_mark_max(a.trace_b, 2);
+    }
     float acc[R];
 #pragma unroll
     for (int n = 0; n < R; ++n) acc[n] = 0.f;
@@ -1704,7 +1719,9 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       return true;
     };
     if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
-      if (env_level("LING_MOE_B_DIAG", 1) == 1) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 1>);
+      int const diag = env_level("LING_MOE_B_DIAG", 2);
+      if (diag == 1) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 1>);
+      if (diag == 2) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 2>);
       return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     }
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
