@@ -392,21 +392,36 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream.
+// Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream; with
+// clusters of `cluster` blocks along x when cluster > 0 (the grid a multiple of it).
 template <class... KArgs, class... Args>
-inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
-                             Args const&... args) {
+inline cudaError_t launch_cluster_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+                                     unsigned cluster, Args const&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl_enabled() && st != nullptr) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = (pdl_enabled() && st != nullptr) ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, KArgs(args)...);
+}
+template <class... KArgs, class... Args>
+inline cudaError_t launch_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
+                             Args const&... args) {
+  return launch_cluster_ex(kernel, grid, block, smem, st, 0u, args...);
 }
 
 __device__ __forceinline__ float ue8m0_float(std::uint8_t s) {

@@ -1159,19 +1159,9 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
       auto const kern = mla_short_cluster_kernel<F>;
       std::size_t const smem = mla_short_cluster_smem(a.d, MlaChunk<F>::kElems);
       ops::allow_smem(kern, smem);
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(unsigned(a.d.heads * kMlaCluster));
-      cfg.blockDim = dim3(unsigned(kMlaClusterThreads));
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = st;
-      cudaLaunchAttribute attr[2];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = kMlaCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[1].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = kernels::pdl_enabled() && st != nullptr ? 2 : 1;
-      check(cudaLaunchKernelEx(&cfg, kern, a, gate, gate_mode, out), "mla_short_cluster launch");
+      check(kernels::launch_cluster_ex(kern, dim3(unsigned(a.d.heads * kMlaCluster)), dim3(kMlaClusterThreads), smem,
+                                       st, unsigned(kMlaCluster), a, gate, gate_mode, out),
+            "mla_short_cluster launch");
     });
     check_launch("mla_short_cluster");
     return;

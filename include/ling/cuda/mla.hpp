@@ -49,10 +49,11 @@ struct MlaDecodeArgs {
   int combine = 0;            // the splits' combine: 0 auto (the partial outputs in one round trip, mla_combine_wide_kernel,
                               // when the rank is a multiple of 32 and part_o, o_lat 16-byte aligned; else as 1), 1 a
                               // thread per column (mla_combine_kernel)
-  unsigned long long* trace = nullptr;  // measurements only (CudaModel's LING_TRACE): kMlaShortKernel's per-block
-                                        // timeline (entry, wait exit, midpoint, end); the other kernels ignore it
-  int trace_mid =
-      0;  // where that midpoint is taken: 0 kv_b landed, 1 q̂ complete, 2 scores, 3 o_lat (LING_TRACE_MLA_MID)
+  // Measurements only (CudaModel's LING_TRACE): the one-launch kernels' per-block timeline (entry, wait exit,
+  // midpoint, end; the other kernels ignore it), and where that midpoint is taken: 0 kv_b landed, 1 q̂ complete,
+  // 2 scores, 3 o_lat (LING_TRACE_MLA_MID).
+  unsigned long long* trace = nullptr;
+  int trace_mid = 0;
 };
 
 // MlaDecodeArgs::kernel for the whole chain in one launch at short contexts (mla.cuh mla_short_kernel), which takes

@@ -582,7 +582,7 @@ class CudaModel {
   // LING_TRACE set (not "0"; `ling bench` writes its table to that path): every layer's launches record a per-block
   // timeline (cuda/linear.cuh "step timeline") into trace_, 7 regions per layer: attention projections (the first
   // launch), KDA step, o_proj / MLA dense, router, MoE A, MoE B, and the MLA attention when it is the one launch
-  // (mla_short_kernel; the usual chain's launches are not traced).
+  // (either form of it; the usual chain's launches are not traced).
   static bool trace_enabled() {
     static bool const on = [] {
       char const* e = std::getenv("LING_TRACE");
