@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 B=build/device
+# binaries staged by scripts/device-prebuild.sh come packed
+if [ -f $B/bin.tar.xz ] && [ ! -x $B/examples/ling ]; then tar -C $B -xJf $B/bin.tar.xz; fi
 if [ -n "${2:-}" ]; then
   $B/bench/cuda_ops --benchmark_filter="$2" --benchmark_min_time=0.2 >"$OUT/ab-bench.log" 2>&1
   grep manual_time "$OUT/ab-bench.log" | awk '{print $1, $NF, $(NF-1)}' | sed 's/us_per_op=//'

@@ -3,26 +3,59 @@
 # the staged gpu tests (from tests/, as ctest runs them), `ling bench` at four contexts, and compute-sanitizer memcheck
 # and racecheck on a doctest filter of test_cuda_kernels; logs in $OUT, a short table last.
 #   bash scripts/device-prebuilt-check.sh [sanitizer test-case filter, default 'MLA*'] [reps, default 3]
+# LING_CHECK_SANITIZE=0 / LING_CHECK_BENCH=0 skip the sanitizers / the four-context table.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 for f in .deps/*.deb; do dpkg -x "$f" .deps/root; done
+if [ -f build/device/bin.tar.xz ]; then tar -C build/device -xJf build/device/bin.tar.xz; fi
 export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$PATH:/usr/local/cuda/bin
 B=$PWD/build/device
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 summary=()
-for t in "$B"/tests/cuda_model/test_*; do
+for t in "$B"/tests/cuda_*/test_cuda_*; do
   [ -x "$t" ] || continue
   n=$(basename "$t")
   (cd tests && timeout 300 "$t" >"$OUT/$n.log" 2>&1); rc=$?
   summary+=("$n rc=$rc $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$n.log" | tr -s ' ' | tr '\n' ' ')")
 done
-if [ -x "$B/examples/ling" ]; then
+if [ -x "$B/examples/ling" ] && [ "${LING_CHECK_BENCH:-1}" != 0 ]; then
   timeout 400 "$B/examples/ling" bench --spec ling3-flash --random-weights --contexts 0,4096,32768,131072 --reps "${2:-3}" \
     >"$OUT/bench.log" 2>&1
 fi
-if [ -x "$B/tests/cuda_model/test_cuda_kernels" ]; then
+# LING_CHECK_SANITIZE=all: memcheck and racecheck over every staged gpu test executable instead (LING_SANITIZER set,
+# so the tests skip their speed bounds), LING_SANITIZE_JOBS runs at once (default 8), each within
+# LING_SANITIZE_TIMEOUT s (default 540); racecheck of test_cuda_model runs one process per test case (whole, it
+# outran 370 s in session 25). One log per run in $OUT/san-*.log.
+if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
+  san() {  # tool exe tag [doctest filter]
+    (cd tests && LING_SANITIZER=$1 timeout "${LING_SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+      "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
+    echo "rc=$?" >>"$OUT/san-$1-$3.log"
+  }
+  for tool in racecheck memcheck; do
+    for t in "$B"/tests/cuda_*/test_cuda_*; do
+      n=$(basename "$t")
+      if [ $tool = racecheck ] && [ "$n" = test_cuda_model ]; then
+        i=0
+        while IFS= read -r tc; do
+          i=$((i + 1))
+          san $tool "$t" "$n-$i" "${tc//,/*}" &  # a comma separates doctest filters: match it by a wildcard
+          while [ "$(jobs -rp | wc -l)" -ge "${LING_SANITIZE_JOBS:-8}" ]; do sleep 1; done
+        done < <("$t" --list-test-cases --no-version 2>/dev/null | grep -v -E '^\[doctest\]|^=+$' | sed '/^$/d')
+      else
+        san $tool "$t" "$n" &
+      fi
+      while [ "$(jobs -rp | wc -l)" -ge "${LING_SANITIZE_JOBS:-8}" ]; do sleep 1; done
+    done
+  done
+  wait
+  for f in "$OUT"/san-*.log; do
+    summary+=("$(basename "$f" .log) $(tail -1 "$f") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | head -1) \
+$(grep -E '^\[doctest\] (test cases|assertions)' "$f" | tr -s ' ' | tr '\n' ' ')")
+  done
+elif [ -x "$B/tests/cuda_model/test_cuda_kernels" ] && [ "${LING_CHECK_SANITIZE:-1}" != 0 ]; then
   for tool in memcheck racecheck; do
     (cd tests && timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$B/tests/cuda_model/test_cuda_kernels" \
       -tc="${1:-MLA*}" >"$OUT/sanitizer-$tool.log" 2>&1); rc=$?
