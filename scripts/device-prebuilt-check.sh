@@ -30,8 +30,9 @@ fi
 # outran 370 s in session 25). One log per run in $OUT/san-*.log.
 if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
   san() {  # tool exe tag [doctest filter]
-    (cd tests && LING_SANITIZER=$1 timeout "${LING_SANITIZE_TIMEOUT:-540}" compute-sanitizer --tool "$1" --error-exitcode 9 \
-      "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
+    # stdbuf: the test's output line-buffered, so that a run that dies by a signal still shows how far it got
+    (cd tests && LING_SANITIZER=$1 timeout "${LING_SANITIZE_TIMEOUT:-540}" stdbuf -oL compute-sanitizer --tool "$1" \
+      --error-exitcode 9 "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
     echo "rc=$?" >>"$OUT/san-$1-$3.log"
   }
   for tool in racecheck memcheck; do
