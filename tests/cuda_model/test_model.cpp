@@ -354,6 +354,54 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's 
   unsetenv("LING_MATVEC_PRELOAD");
 }
 
+// The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
+// weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
+// after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)
+// the forced experts' rows too: the forced run's bits.
+TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's bits") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_AHEAD");
+  unsetenv("LING_AHEAD_EARLY");
+  unsetenv("LING_FORCE_EXPERTS");
+  auto const base = flash_base(4248, 3003);
+  check_flash_env_variant(base, "LING_AHEAD", "router,shared,sdown", 4248, 3003, 0.0);
+  setenv("LING_AHEAD_EARLY", "1", 1);
+  check_flash_env_variant(base, "LING_AHEAD", "router,shared,sdown", 4248, 3003, 0.0);
+  unsetenv("LING_AHEAD_EARLY");
+  setenv("LING_FORCE_EXPERTS", "1", 1);
+  auto const forced = flash_base(4248, 3003);
+  check_flash_env_variant(forced, "LING_AHEAD", "experts,edown,router", 4248, 3003, 0.0);
+  unsetenv("LING_FORCE_EXPERTS");
+  bool differs = false;  // the forced routing did change the outputs
+  for (std::size_t i = 0; i < base.logits.size(); ++i) differs = differs || base.logits[i] != forced.logits[i];
+  CHECK(differs);
+}
+
+// The probe's settings refuse what they cannot do, naming the variable: an unknown part, the forced experts' parts
+// without forcing, forcing a checkpoint's routing.
+TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS settings, naming them") {
+  if (!ling::cuda::device_available()) return;
+  std::string const dir = std::string(LING_TEST_DATA) + "/ling-a-fp4";
+  struct Bad {
+    char const *ahead, *force, *needle;
+  };
+  for (Bad const b : {Bad{"router,bogus", nullptr, "bogus"}, Bad{"experts", nullptr, "LING_FORCE_EXPERTS"},
+                      Bad{nullptr, "1", "LING_FORCE_EXPERTS"}}) {
+    CAPTURE(b.needle);
+    if (b.ahead) setenv("LING_AHEAD", b.ahead, 1);
+    if (b.force) setenv("LING_FORCE_EXPERTS", b.force, 1);
+    try {
+      (void)ling::cuda::CudaSession::open(dir, {4096, false, true});
+      FAIL("accepted");
+    } catch (ling::Error const& e) {
+      CHECK(e.code() == ling::ErrorCode::kInvalidArgument);
+      CHECK(std::string(e.what()).find(b.needle) != std::string::npos);
+    }
+    unsetenv("LING_AHEAD");
+    unsetenv("LING_FORCE_EXPERTS");
+  }
+}
+
 // CudaModelOptions::mla_short past the kernel's contract is refused at construction, naming the field.
 TEST_CASE("CUDA model refuses mla_short above 64") {
   if (!ling::cuda::device_available()) return;

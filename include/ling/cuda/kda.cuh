@@ -9,6 +9,9 @@
 // step costs about one memory latency; the position only selects among the loaded ring slots. Two barriers: one
 // publishes q, k, decay and the combined (Σq², Σk², Σqk) partials, one the per-warp S'ᵀk / S'ᵀq partials.
 // Other shapes take the generic kernel (32-column slices staged in shared memory).
+#include <cstdint>
+#include <type_traits>
+
 #include "ling/cuda/device_common.cuh"
 #include "ling/cuda/kda.hpp"
 #include "ling/cuda/model_ops.cuh"
@@ -162,8 +165,37 @@ __device__ __forceinline__ float kda_conv(float const (&w)[R], float x, float co
   return dev::siluf_(acc);
 }
 
-template <int R>
+// The look-ahead blocks (KdaStepArgs::ahead): thread t of look-ahead block y takes the 64 KB pieces y · threads + t,
+// + stride, ... of the ranges laid end to end. cp.async.bulk.prefetch.L2 is fire and forget: no register, no
+// completion to wait for.
+__device__ __forceinline__ void kda_ahead(KdaStepArgs const& a) {
+  ops::pdl_trigger();
+  if (!a.ahead_before_wait) ops::pdl_wait();
+  constexpr std::uint64_t kPiece = 64 * 1024;
+  std::uint64_t const stride = std::uint64_t(gridDim.y) * blockDim.x;
+  std::uint64_t idx = std::uint64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  for (int i = 0; i < a.n_ahead; ++i) {
+    AheadRange const r = a.ahead[i];
+    std::uint64_t const pieces = (r.bytes + kPiece - 1) / kPiece;
+    for (; idx < pieces; idx += stride) {
+      std::uint64_t const off = idx * kPiece, n = r.bytes - off < kPiece ? r.bytes - off : kPiece;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<char const*>(r.p) + off),
+                   "r"(std::uint32_t(n))
+                   : "memory");
+    }
+    idx -= pieces;  // this thread's place in the next range
+  }
+}
+
+// kAhead: the grid has one more column of blocks (blockIdx.x == heads), which only run kda_ahead.
+template <int R, bool kAhead = false>
 __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepArgs a) {
+  if constexpr (kAhead) {
+    if (int(blockIdx.x) == a.heads) {
+      kda_ahead(a);
+      return;
+    }
+  }
   __shared__ float qs[kKdaFastMaxK], ks[kKdaFastMaxK], dec[kKdaFastMaxK], vs[kKdaFastCols];
   __shared__ float sums[3][kKdaFastWarps];
   __shared__ __align__(16) float red[2][kKdaFastWarps][kKdaFastCols];
@@ -358,14 +390,33 @@ inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
   require(a.heads > 0 && a.head_dim > 0 && a.conv_kernel >= 1, ErrorCode::kInvalidArgument, "kda_step: bad dims");
   bool const fast = a.head_dim % 4 == 0 && a.head_dim <= kKdaFastMaxK && a.conv_kernel <= 4 &&
                     reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0;
+  require(a.n_ahead >= 0 && (a.n_ahead == 0 || a.ahead), ErrorCode::kInvalidArgument,
+          "kda_step: bad look-ahead ranges");
   if (fast) {
     dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaFastCols - 1) / kKdaFastCols));
-    switch (a.conv_kernel) {
-      case 1: ops::launch(kda_step_fast_kernel<1>, grid, kKdaFastThreads, 0, st, a); break;
-      case 2: ops::launch(kda_step_fast_kernel<2>, grid, kKdaFastThreads, 0, st, a); break;
-      case 3: ops::launch(kda_step_fast_kernel<3>, grid, kKdaFastThreads, 0, st, a); break;
-      default: ops::launch(kda_step_fast_kernel<4>, grid, kKdaFastThreads, 0, st, a); break;
-    }
+    // kAhead: the look-ahead column (KdaStepArgs::ahead)
+    auto go = [&](auto ahead) {
+      constexpr bool kAhead = decltype(ahead)::value;
+      if (kAhead) grid.x += 1;
+      switch (a.conv_kernel) {
+        case 1:
+          ops::launch(kda_step_fast_kernel<1, kAhead>, grid, kKdaFastThreads, 0, st, a);
+          break;
+        case 2:
+          ops::launch(kda_step_fast_kernel<2, kAhead>, grid, kKdaFastThreads, 0, st, a);
+          break;
+        case 3:
+          ops::launch(kda_step_fast_kernel<3, kAhead>, grid, kKdaFastThreads, 0, st, a);
+          break;
+        default:
+          ops::launch(kda_step_fast_kernel<4, kAhead>, grid, kKdaFastThreads, 0, st, a);
+          break;
+      }
+    };
+    if (a.n_ahead > 0)
+      go(std::true_type{});
+    else
+      go(std::false_type{});
   } else {
     std::size_t smem = kda_step_smem(a.head_dim);
     ops::allow_smem(kda_step_kernel, smem);

@@ -15,6 +15,12 @@ namespace ling::cuda {
 inline constexpr int kKdaSsCols = 16;  // columns per partial Σ o² (KdaStepArgs::o_ss)
 inline constexpr int kda_ss_parts(int head_dim) { return (head_dim + kKdaSsCols - 1) / kKdaSsCols; }
 
+// A byte range for the KDA step's look-ahead (KdaStepArgs::ahead): 16-byte aligned, a multiple of 16 bytes.
+struct AheadRange {
+  void const* p = nullptr;
+  std::uint64_t bytes = 0;
+};
+
 struct KdaStepArgs {
   int heads = 0, head_dim = 0, conv_kernel = 4;
   bool safe_gate = true;
@@ -46,6 +52,13 @@ struct KdaStepArgs {
   // starts). Consecutive steps launched back to back on one stream must leave it false.
   bool state_before_wait = false;
   unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
+  // Look-ahead (a probe: CudaModel's LING_AHEAD): n_ahead ranges (a device array) that one extra column of blocks
+  // requests into L2 by bulk prefetches, in pieces of 64 KB, after its PDL wait (ahead_before_wait: without waiting),
+  // so that later launches of the layer (MoE launch A, B) find those weights in L2. The step's own blocks are
+  // unchanged, and a prefetch changes no value. Fast kernel only; n_ahead 0: the usual grid.
+  AheadRange const* ahead = nullptr;
+  int n_ahead = 0;
+  bool ahead_before_wait = false;
 };
 
 // Host-side conversion between the CPU windows (oldest first, `pos` tokens seen) and the device ring.

@@ -520,6 +520,7 @@ class CudaModel {
     rnd::quantize_fp8_rows(head_src_, static_cast<E4m3*>(const_cast<void*>(head_fp8_.data)),
                            static_cast<float*>(const_cast<void*>(head_fp8_.scales)));
     weight_bytes_ += std::size_t(head_fp8_.bytes());
+    setup_ahead();
     check(cudaDeviceSynchronize(), "building the CUDA model");
     // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
     // launch errors early; then back to a fresh stream.
@@ -532,6 +533,104 @@ class CudaModel {
       synchronize();
     }
     reset();
+  }
+
+  // ---- the L2 look-ahead probe (measurements only) -----------------------------------------------------
+  // LING_FORCE_EXPERTS=1 (random weights only): every MoE layer's selection bias (expert_bias) is +1000 on top_k fixed
+  // experts, half in group i mod n_group and half in the group n_group / 2 further, so the selection picks exactly
+  // those at every step (the weights still come from the unbiased scores). It makes the routing known ahead, for
+  // LING_AHEAD's `experts` and `edown` below; it changes the model's outputs.
+  // LING_AHEAD=part,... (or part+part: scripts/device-ab.sh splits its variants' settings at commas): the KDA step's
+  // look-ahead blocks (KdaStepArgs::ahead) request the same layer's MoE weights into L2 while the DRAM is idle behind
+  // the step's latency chain: `router` (the router rows), `shared` (the shared expert's gate and up), `sdown` (its
+  // down), `experts` (the forced experts' gate and up; needs LING_FORCE_EXPERTS), `edown` (their down).
+  // LING_AHEAD_EARLY=1: the blocks request them without waiting for the projections. Outputs are unchanged by
+  // LING_AHEAD (a prefetch changes no value). The question it answers: how much would launch A and B gain if the
+  // routing were known a launch ahead (docs/performance.md, session 41's item 5).
+  void setup_ahead() {
+    auto const parts = [](char const* e) {
+      std::vector<std::string> v;
+      std::string s = e ? e : "";
+      for (std::size_t b = 0; b < s.size();) {
+        std::size_t const c = s.find_first_of(",+", b);
+        std::string const t = s.substr(b, c == std::string::npos ? std::string::npos : c - b);
+        if (!t.empty() && t != "0") v.push_back(t);
+        b = c == std::string::npos ? s.size() : c + 1;
+      }
+      return v;
+    };
+    std::vector<std::string> const want = parts(std::getenv("LING_AHEAD"));
+    bool const force = [] {
+      char const* e = std::getenv("LING_FORCE_EXPERTS");
+      return e && *e && *e != '0';
+    }();
+    ahead_early_ = [] {
+      char const* e = std::getenv("LING_AHEAD_EARLY");
+      return e && *e == '1';
+    }();
+    ModelConfig const& c = c_;
+    int const top_k = int(c.num_experts_per_tok), groups = int(c.n_group) > 0 ? int(c.n_group) : 1;
+    int const gsize = int(c.num_experts / groups), half = (top_k + 1) / 2;
+    forced_.assign(layers_.size(), {});
+    if (force) {
+      require(ckpt_ == nullptr, ErrorCode::kInvalidArgument,
+              "LING_FORCE_EXPERTS: for random weights only (it rewrites expert_bias)");
+      require(groups >= 2 && c.topk_group >= 2 && half <= gsize && top_k <= 2 * gsize, ErrorCode::kInvalidArgument,
+              "LING_FORCE_EXPERTS: needs n_group >= 2, topk_group >= 2 and num_experts_per_tok <= 2 x the group size");
+      float const big = 1000.f;
+      for (std::size_t i = 0; i < layers_.size(); ++i) {
+        if (!layers_[i].f.moe) continue;
+        int const g1 = int(i) % groups, g2 = (g1 + groups / 2) % groups;
+        for (int k = 0; k < top_k; ++k) {
+          int const g = k < half ? g1 : g2, j = k < half ? k : k - half;
+          int const e = g * gsize + (int(i) * 5 + j) % gsize;
+          forced_[i].push_back(e);
+          check(cudaMemcpy(layers_[i].f.bias + e, &big, 4, cudaMemcpyHostToDevice), "LING_FORCE_EXPERTS");
+        }
+      }
+    }
+    ahead_off_.assign(layers_.size(), 0);
+    ahead_n_.assign(layers_.size(), 0);
+    if (want.empty()) return;
+    for (auto const& w : want)
+      require(w == "router" || w == "shared" || w == "sdown" || w == "experts" || w == "edown",
+              ErrorCode::kInvalidArgument,
+              "LING_AHEAD: unknown part '" + w + "' (router, shared, sdown, experts, edown)");
+    auto has = [&](char const* n) { return std::find(want.begin(), want.end(), std::string(n)) != want.end(); };
+    require(!(has("experts") || has("edown")) || force, ErrorCode::kInvalidArgument,
+            "LING_AHEAD: experts and edown prefetch the forced experts: they need LING_FORCE_EXPERTS=1");
+    std::vector<AheadRange> all;
+    auto add = [&](void const* p, std::int64_t bytes) {
+      if (p && bytes >= 16) all.push_back(AheadRange{p, std::uint64_t(bytes) / 16 * 16});
+    };
+    auto add_matrix = [&](ModelMatrix const& m) {
+      add(m.data, matrix_storage_bytes(m.format, m.rows, m.cols));
+      add(m.scales, matrix_scale_bytes(m.format, m.rows, m.cols));
+    };
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      FfnL const& f = layers_[i].f;
+      if (layers_[i].mla || !f.moe) continue;  // the look-ahead rides on the KDA step
+      ahead_off_[i] = int(all.size());
+      if (has("router")) add_matrix(f.router);
+      if (has("shared") && f.sg.rows) add_matrix(f.sg), add_matrix(f.su);
+      if (has("sdown") && f.sd.rows) add_matrix(f.sd);
+      for (int e : forced_[i]) {
+        if (has("experts")) {
+          add(static_cast<char const*>(f.g_w) + std::int64_t(e) * f.gu_sw, f.gu_sw);
+          if (f.g_s) add(static_cast<char const*>(f.g_s) + std::int64_t(e) * f.gu_ss, f.gu_ss);
+          add(static_cast<char const*>(f.u_w) + std::int64_t(e) * f.gu_sw, f.gu_sw);
+          if (f.u_s) add(static_cast<char const*>(f.u_s) + std::int64_t(e) * f.gu_ss, f.gu_ss);
+        }
+        if (has("edown")) {
+          add(static_cast<char const*>(f.d_w) + std::int64_t(e) * f.d_sw, f.d_sw);
+          if (f.d_s) add(static_cast<char const*>(f.d_s) + std::int64_t(e) * f.d_ss, f.d_ss);
+        }
+      }
+      ahead_n_[i] = int(all.size()) - ahead_off_[i];
+    }
+    if (all.empty()) return;
+    ahead_buf_ = DeviceBuffer(all.size() * sizeof(AheadRange), "LING_AHEAD ranges");
+    ahead_buf_.upload(all.data(), all.size() * sizeof(AheadRange));
   }
 
   // ---- launches --------------------------------------------------------------------------------------
@@ -623,6 +722,11 @@ class CudaModel {
         // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
         ka.state_before_wait = opt_.use_graph && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+        if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
+          ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
+          ka.n_ahead = ahead_n_[i];
+          ka.ahead_before_wait = ahead_early_;
+        }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
         int const hd = int(c.head_dim);
@@ -784,6 +888,11 @@ class CudaModel {
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
+  // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count; forced experts
+  DeviceBuffer ahead_buf_;
+  std::vector<int> ahead_off_, ahead_n_;
+  std::vector<std::vector<int>> forced_;
+  bool ahead_early_ = false;
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;
