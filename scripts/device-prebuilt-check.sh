@@ -3,7 +3,8 @@
 # the staged gpu tests (from tests/, as ctest runs them), `ling bench` at four contexts, and compute-sanitizer memcheck
 # and racecheck on a doctest filter of test_cuda_kernels; logs in $OUT, a short table last.
 #   bash scripts/device-prebuilt-check.sh [sanitizer test-case filter, default 'MLA*'] [reps, default 3]
-# LING_CHECK_SANITIZE=0 / LING_CHECK_BENCH=0 skip the sanitizers / the four-context table.
+# LING_CHECK_TESTS=0 / LING_CHECK_BENCH=0 / LING_CHECK_SANITIZE=0 skip the plain test runs / the four-context table /
+# the sanitizers; LING_CHECK_SANITIZE=all runs them over every staged test executable (below).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -15,7 +16,7 @@ B=$PWD/build/device
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 summary=()
 for t in "$B"/tests/cuda_*/test_cuda_*; do
-  [ -x "$t" ] || continue
+  [ -x "$t" ] && [ "${LING_CHECK_TESTS:-1}" != 0 ] || continue
   n=$(basename "$t")
   (cd tests && timeout 300 "$t" >"$OUT/$n.log" 2>&1); rc=$?
   summary+=("$n rc=$rc $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/$n.log" | tr -s ' ' | tr '\n' ' ')")
