@@ -28,7 +28,8 @@ fi
 # LING_CHECK_SANITIZE=all: memcheck and racecheck over every staged gpu test executable instead (LING_SANITIZER set,
 # so the tests skip their speed bounds), LING_SANITIZE_JOBS runs at once (default 8), each within
 # LING_SANITIZE_TIMEOUT s (default 540); racecheck of test_cuda_model runs one process per test case (whole, it
-# outran 370 s in session 25). One log per run in $OUT/san-*.log.
+# outran 370 s in session 25). LING_SANITIZE_TOOLS (default "racecheck memcheck") and LING_SANITIZE_EXES (a regex of
+# executable names) narrow it, as in scripts/device-test.sh. One log per run in $OUT/san-*.log.
 if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
   san() {  # tool exe tag [doctest filter]
     # stdbuf: the test's output line-buffered, so that a run that dies by a signal still shows how far it got
@@ -36,9 +37,10 @@ if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
       --error-exitcode 9 "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
     echo "rc=$?" >>"$OUT/san-$1-$3.log"
   }
-  for tool in racecheck memcheck; do
+  for tool in ${LING_SANITIZE_TOOLS:-racecheck memcheck}; do
     for t in "$B"/tests/cuda_*/test_cuda_*; do
       n=$(basename "$t")
+      [[ "$n" =~ ${LING_SANITIZE_EXES:-.} ]] || continue
       if [ $tool = racecheck ] && [ "$n" = test_cuda_model ]; then
         i=0
         while IFS= read -r tc; do
