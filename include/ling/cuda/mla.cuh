@@ -671,6 +671,25 @@ __device__ __forceinline__ void mla_softmax_stats(float const* p, std::int64_t l
   l = dev::warp_sum(l);
 }
 
+// o = the sum over the warp's tokens j = warp + NW·k < len of exp(score(k) − m) times their bf16 cache chunk chunk(k)
+// (8 latent columns): one lane's share of o_lat in both one-launch kernels, in token order.
+template <int TW, int NW, class Chunk, class Score>
+__device__ __forceinline__ void mla_weighted_chunks(Chunk const& chunk, Score const& score, int warp, std::int64_t len,
+                                                    float m, float (&o)[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = 0.f;
+#pragma unroll
+  for (int k = 0; k < TW; ++k) {
+    if (warp + NW * k < len) {
+      float const w = __expf(score(k) - m);
+      float f[8];
+      MlaChunk<MatFormat::kBf16>::decode(chunk(k), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[e] = fmaf(w, f[e], o[e]);
+    }
+  }
+}
+
 // ---- the short-context chain in one launch (MlaDecodeArgs::kernel kMlaShortKernel) ----------------------------------
 // At context 0 the chain above is four launches for ~4 MB of kv_b and a few cache rows: q̂ (mla_qhat_kernel), the
 // attention on one split, the combine and W_UV (mla_uv_fast_kernel), each waiting for the one before (session 24's
@@ -851,19 +870,7 @@ __global__ void __launch_bounds__(kMlaShortThreads, 1)
     int const v = lane + 32 * u;
     if (v * 8 >= r) continue;
     float o[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = 0.f;
-#pragma unroll
-    for (int k = 0; k < TW; ++k) {
-      int const j = warp + NW * k;
-      if (j < len) {
-        float const w = __expf(sc[k] - m);
-        float f[8];
-        MlaChunk<MatFormat::kBf16>::decode(cr[k][u], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = fmaf(w, f[e], o[e]);
-      }
-    }
+    mla_weighted_chunks<TW, NW>([&](int k) { return cr[k][u]; }, [&](int k) { return sc[k]; }, warp, len, m, o);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
       if (v * 8 + e < r) red[warp * r + v * 8 + e] = o[e];
@@ -1090,19 +1097,8 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   // the warp's share of o_lat's slice (its tokens' chunks weighted by their numerators), partials by warp into red
   if (lane < wn / 8) {
     float o[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) o[e] = 0.f;
-#pragma unroll
-    for (int k = 0; k < TW; ++k) {
-      int const j = warp + NW * k;
-      if (j < len) {
-        float const w = __expf(pf[j] - m);
-        float f[8];
-        MlaChunk<MatFormat::kBf16>::decode(cr[k], f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) o[e] = fmaf(w, f[e], o[e]);
-      }
-    }
+    mla_weighted_chunks<TW, NW>([&](int k) { return cr[k]; }, [&](int k) { return pf[warp + NW * k]; }, warp, len, m,
+                                o);
 #pragma unroll
     for (int e = 0; e < 8; ++e) red[warp * wn + lane * 8 + e] = o[e];
   }

@@ -560,18 +560,12 @@ class CudaModel {
       return v;
     };
     std::vector<std::string> const want = parts(std::getenv("LING_AHEAD"));
-    bool const force = [] {
-      char const* e = std::getenv("LING_FORCE_EXPERTS");
-      return e && *e && *e != '0';
-    }();
-    ahead_early_ = [] {
-      char const* e = std::getenv("LING_AHEAD_EARLY");
-      return e && *e == '1';
-    }();
+    bool const force = env_on("LING_FORCE_EXPERTS");
+    ahead_early_ = env_on("LING_AHEAD_EARLY");
     ModelConfig const& c = c_;
     int const top_k = int(c.num_experts_per_tok), groups = int(c.n_group) > 0 ? int(c.n_group) : 1;
     int const gsize = int(c.num_experts / groups), half = (top_k + 1) / 2;
-    forced_.assign(layers_.size(), {});
+    std::vector<std::vector<int>> forced(layers_.size());  // each MoE layer's forced experts
     if (force) {
       require(ckpt_ == nullptr, ErrorCode::kInvalidArgument,
               "LING_FORCE_EXPERTS: for random weights only (it rewrites expert_bias)");
@@ -584,7 +578,7 @@ class CudaModel {
         for (int k = 0; k < top_k; ++k) {
           int const g = k < half ? g1 : g2, j = k < half ? k : k - half;
           int const e = g * gsize + (int(i) * 5 + j) % gsize;
-          forced_[i].push_back(e);
+          forced[i].push_back(e);
           check(cudaMemcpy(layers_[i].f.bias + e, &big, 4, cudaMemcpyHostToDevice), "LING_FORCE_EXPERTS");
         }
       }
@@ -614,7 +608,7 @@ class CudaModel {
       if (has("router")) add_matrix(f.router);
       if (has("shared") && f.sg.rows) add_matrix(f.sg), add_matrix(f.su);
       if (has("sdown") && f.sd.rows) add_matrix(f.sd);
-      for (int e : forced_[i]) {
+      for (int e : forced[i]) {
         if (has("experts")) {
           add(static_cast<char const*>(f.g_w) + std::int64_t(e) * f.gu_sw, f.gu_sw);
           if (f.g_s) add(static_cast<char const*>(f.g_s) + std::int64_t(e) * f.gu_ss, f.gu_ss);
@@ -888,10 +882,9 @@ class CudaModel {
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
-  // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count; forced experts
+  // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count
   DeviceBuffer ahead_buf_;
   std::vector<int> ahead_off_, ahead_n_;
-  std::vector<std::vector<int>> forced_;
   bool ahead_early_ = false;
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;

@@ -1544,12 +1544,9 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // first row requested before the block barrier, into L2 (prefetch.global.L2) or into registers after the
 // quantization: 2.353 and 2.333 against 2.305 ms/token; into registers before the quantization: 2.390 (the wait for
 // the staged inputs also covered the rows).
-// kDiag 1 (LING_MOE_B_DIAG=1, measurements only, wrong outputs): the same loads, each row's words folded into its sum
-// by xor instead of decoded (session 40's probe: are launch B's ~6 µs after its staging the loads or the decode?
-// The loads: without the decode it ended 0.6 µs sooner). kDiag 2 (=2, the default's outputs): the timeline's midpoint
-// becomes the time the last warp of the block had all of its row's loads back (an xor fold of them compared before
-// the mark), so the region shows when the bytes land against when the block ends.
-template <class KS, int kU, bool kFull, int R, bool kOnce = false, int kDiag = 0>
+// Sessions 40-41 probed it (LING_MOE_B_DIAG, removed once answered; docs/kernels.md "Launch B's rows by bulk copies"):
+// without its decode it ends 0.6 µs sooner, and its rows come back ~5 µs after its staging, so its loads set its time.
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1630,28 +1627,11 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
         }
       }
     }
-    if constexpr (kDiag == 2) {
-      std::uint32_t fold = 0;
-#pragma unroll
-      for (int u = 0; u < kU; ++u)
-        if (kFull || lane + 32 * u < nq)
-#pragma unroll
-          for (int n = 0; n < R; ++n) fold ^= v[u][n].x ^ v[u][n].y ^ v[u][n].z ^ v[u][n].w ^ sc[u][n];
-      __shared__ std::uint32_t s_fold;
-      if (fold == 0x9E3779B9u) *static_cast<std::uint32_t volatile*>(&s_fold) = fold;  // needs every load back
-      __syncwarp();
-      trace_mark_max(a.trace_b, 2);
-    }
     float acc[R];
 #pragma unroll
     for (int n = 0; n < R; ++n) acc[n] = 0.f;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      if constexpr (kDiag == 1) {
-#pragma unroll
-        for (int n = 0; n < R; ++n) acc[n] += float(v[u][n].x ^ v[u][n].y ^ v[u][n].z ^ v[u][n].w ^ sc[u][n]);
-        continue;
-      }
       if (kFull || lane + 32 * u < nq) {
         int2 d[R];
         q8u_chunk<R>(v[u], q + 9 * (lane + 32 * u), pos_lo, neg_lo, d);
@@ -1718,12 +1698,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) {
-      int const diag = env_level("LING_MOE_B_DIAG", 2);
-      if (diag == 1) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 1>);
-      if (diag == 2) return go(moe_down_lane_kernel<KS, 6, true, 1, true, 2>);
-      return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
-    }
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
