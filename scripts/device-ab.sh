@@ -3,7 +3,8 @@
 # settings separated by commas; variants by spaces), alternating binaries/variants in one process run each, plus an
 # optional benchmark filter of bench/cuda_ops. Usage: bash scripts/device-ab.sh "VAR=1 VAR=0,OTHER=1" [bench-filter] [reps]
 # LING_AB_TRACE=1: also one traced step per variant (LING_TRACE, context 0; LING_AB_TRACE_MOEA=n sets LING_TRACE_MOEA),
-# its timeline in $OUT/trace-<n>.csv and the KDA and MLA layers' region medians printed (tools/perf/trace_summary.py)
+# its timeline in $OUT/trace-<n>.csv and the KDA and MLA layers' region medians printed (tools/perf/trace_summary.py).
+# A variant with LING_PREDICT also prints the bench's hit-rate line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -18,7 +19,7 @@ fi
 n=0
 for v in default $1; do
   e=""; [ "$v" != default ] && e=${v//,/ }
-  r=$(env $e $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 ")
+  r=$(env $e $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 |LING_PREDICT=")
   echo "$v: $r" | tee -a "$OUT/ab.log"
   if [ "${LING_AB_TRACE:-0}" = 1 ]; then
     n=$((n + 1))

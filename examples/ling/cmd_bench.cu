@@ -199,6 +199,21 @@ void cmd_bench(BenchArgs const& a) {
     }
   }
 
+  // 3c. LING_PREDICT: how often the look-ahead's predicted experts were the router's real picks (eager recording
+  // steps at the first context after its warm-up; hits / picks over the KDA layers with a MoE)
+  ling::cuda::CudaModel::PredictStats pred{};
+  int const pred_steps = 32;
+  if (model->predicting()) {
+    model->fill_random_context(contexts.empty() ? 0 : contexts.front(), a.seed);
+    model->step(1);
+    for (int w = 0; w < 3; ++w) model->step_greedy();
+    for (int s = 0; s < pred_steps; ++s) {
+      auto const p = model->predict_step();
+      pred.hits += p.hits, pred.picks += p.picks;
+    }
+  }
+  double const pred_rate = pred.picks ? double(pred.hits) / double(pred.picks) : 0.0;
+
   // 4. LM head FP8 vs BF16 on this model: top-1 agreement and mean KL(bf16 || fp8) over greedy steps
   int const head_steps = 16;
   model->fill_random_context(0, a.seed);
@@ -241,6 +256,12 @@ void cmd_bench(BenchArgs const& a) {
     j["build_s"] = build_s;
     j["reps"] = a.reps;
     j["tokens_per_rep"] = a.tokens;
+    if (model->predicting())
+      j["expert_prediction"] = {{"level", model->predicting()},
+                                {"hits", pred.hits},
+                                {"picks", pred.picks},
+                                {"hit_rate", pred_rate},
+                                {"steps", pred_steps}};
     j["lm_head_fp8_vs_bf16"] = {{"top1_agreement", double(agree) / head_steps}, {"mean_kl", kl_sum / head_steps}, {"steps", head_steps}};
     for (auto const& r : rows)
       j["rows"].push_back({{"context", r.context}, {"bytes_per_token", r.bytes}, {"ms_per_token", r.ms_median},
@@ -262,6 +283,12 @@ void cmd_bench(BenchArgs const& a) {
         "- MLA chain in one launch (mla_short) at positions below %d; a row times positions context + 4 "
         "to context + %d\n",
         n, 3 + a.tokens);
+  if (model->predicting())
+    std::printf(
+        "- LING_PREDICT=%d: the predicted experts were %lld of the router's %lld picks (%.1f%%) over %d steps at "
+        "context %lld (KDA layers; random weights: not Ling's hit rate)\n",
+        model->predicting(), (long long)pred.hits, (long long)pred.picks, 100.0 * pred_rate, pred_steps,
+        (long long)(contexts.empty() ? 0 : contexts.front()));
   std::printf("- timing: %d reps × %d greedy tokens per context (graph replays, CUDA events); ms/token median [min–max]\n\n",
               a.reps, a.tokens);
   std::printf("| context | bytes/token (GB) | ms/token | tokens/s | roofline %% |\n|---:|---:|---:|---:|---:|\n");

@@ -1,7 +1,10 @@
 // The CUDA session's definitions for test_cuda_model (session.cuh is included by exactly one .cu of a program).
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "ling/cuda/model.cuh"
 #include "ling/cuda/session.cuh"
@@ -34,6 +37,120 @@ FlashSteps flash_random_steps(std::string const& config_json, int layers, std::u
     out.picks.push_back(std::int32_t(std::max_element(host.begin(), host.end()) - host.begin()));
   }
   return out;
+}
+
+namespace {
+
+ModelConfig flash_config(std::string const& config_json, int layers) {
+  std::ifstream f(config_json);
+  require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
+  nlohmann::json j = nlohmann::json::parse(f);
+  j["num_hidden_layers"] = layers;
+  for (char const* k : {"expert_swiglu_limit_list", "share_expert_swiglu_limit_list"})
+    if (j.contains(k) && j[k].is_array() && int(j[k].size()) > layers) j[k].erase(j[k].begin() + layers, j[k].end());
+  return ModelConfig::from_json(j, config_json + " (cut to " + std::to_string(layers) + " layers)");
+}
+
+PredictCount count_predictions(cuda::CudaModel& m, int steps) {
+  PredictCount n;
+  for (int s = 0; s < steps; ++s) {
+    auto const p = m.predict_step();
+    n.hits += p.hits, n.picks += p.picks;
+  }
+  return n;
+}
+
+}  // namespace
+
+PredictCount flash_predict_count(std::string const& config_json, int layers, std::uint64_t seed, std::int32_t token,
+                                 int steps) {
+  cuda::CudaModelOptions o;
+  o.max_context = 64;
+  auto m = cuda::CudaModel::random(flash_config(config_json, layers), seed, o);
+  m->step(token);
+  return count_predictions(*m, steps);
+}
+
+PredictCount checkpoint_predict_count(std::string const& dir, std::vector<std::int32_t> const& prompt, int steps) {
+  auto s = cuda::CudaSession::open(dir, {4096, false, true});
+  (void)s.prefill(prompt);
+  return count_predictions(s.model(), steps);
+}
+
+std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {
+  using cuda::DeviceBuffer;
+  using cuda::MatFormat;
+  using cuda::ModelMatrix;
+  DeviceBuffer rw(std::size_t(rows * cols) * 2, "router");
+  ModelMatrix const router{MatFormat::kBf16, rw.data(), nullptr, rows, cols};
+  cuda::rnd::fill_matrix(router, seed, 1.0f / std::sqrt(float(cols)));
+  // norm weights: N(1, 0.3), with zeros (and a tiny w_in) on some columns
+  std::mt19937 g{static_cast<unsigned>(seed)};
+  std::normal_distribution<float> nd(1.0f, 0.3f);
+  std::vector<float> post(static_cast<std::size_t>(cols)), in(static_cast<std::size_t>(cols));
+  for (std::int64_t c = 0; c < cols; ++c) {
+    post[std::size_t(c)] = nd(g), in[std::size_t(c)] = nd(g);
+    if (c % 97 == 5) in[std::size_t(c)] = 0.f;
+    if (c % 89 == 7) post[std::size_t(c)] = 0.f;
+    if (c % 211 == 3) in[std::size_t(c)] = 1e-30f;  // a huge ratio: its tile's scale grows, no value is lost to inf
+  }
+  DeviceBuffer dpost(post.size() * 4, "post"), din(in.size() * 4, "in");
+  dpost.upload(post.data(), post.size() * 4);
+  din.upload(in.data(), in.size() * 4);
+  std::vector<std::uint16_t> hr(static_cast<std::size_t>(rows * cols));
+  cuda::check(cudaMemcpy(hr.data(), rw.data(), hr.size() * 2, cudaMemcpyDeviceToHost), "router download");
+  auto value = [&](std::int64_t r, std::int64_t c) {  // the host's P[r, c] (float, as the kernel computes it)
+    float const w = to_float(Bfloat16{hr[std::size_t(r * cols + c)]});
+    float const i = in[std::size_t(c)], v = std::fabs(i) > 0.f ? w * (post[std::size_t(c)] / i) : 0.f;
+    return std::isfinite(v) ? v : 0.f;
+  };
+  std::int64_t bad = 0;
+  for (MatFormat f : {MatFormat::kFp8Block, MatFormat::kBf16, MatFormat::kF32}) {
+    std::size_t const sb = std::size_t(cuda::matrix_storage_bytes(f, rows, cols)),
+                      cb = std::size_t(cuda::matrix_scale_bytes(f, rows, cols));
+    DeviceBuffer dd(sb, "predictor"), ds(std::max<std::size_t>(cb, 4), "predictor scales");
+    cuda::check(cudaMemset(dd.data(), 0xA5, sb), "poison");  // every value is written
+    ModelMatrix const dst{f, dd.data(), cb ? ds.data() : nullptr, rows, cols};
+    cuda::build_route_predictor(router, dpost.data<float>(), din.data<float>(), dst);
+    cuda::check(cudaDeviceSynchronize(), "route predictor");
+    std::vector<unsigned char> hd(sb);
+    std::vector<float> hs(cb / 4);
+    cuda::check(cudaMemcpy(hd.data(), dd.data(), sb, cudaMemcpyDeviceToHost), "predictor download");
+    if (cb) cuda::check(cudaMemcpy(hs.data(), ds.data(), cb, cudaMemcpyDeviceToHost), "predictor download");
+    std::int64_t const nbc = (cols + 127) / 128;
+    for (std::int64_t br = 0; br < (rows + 127) / 128; ++br)
+      for (std::int64_t bc = 0; bc < nbc; ++bc) {
+        float amax = 0.f;
+        for (std::int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
+          for (std::int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c)
+            amax = std::max(amax, std::fabs(value(r, c)));
+        float const scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+        if (f == MatFormat::kFp8Block) bad += hs[std::size_t(br * nbc + bc)] != scale;
+        for (std::int64_t r = br * 128; r < std::min(rows, br * 128 + 128); ++r)
+          for (std::int64_t c = bc * 128; c < std::min(cols, bc * 128 + 128); ++c) {
+            std::size_t const i = std::size_t(r * cols + c);
+            float const v = value(r, c);
+            switch (f) {
+              case MatFormat::kFp8Block:
+                bad += hd[i] != e4m3_from_float(v / scale).bits;
+                break;
+              case MatFormat::kBf16: {
+                std::uint16_t got;
+                std::memcpy(&got, hd.data() + 2 * i, 2);
+                bad += got != bf16_from_float(v).bits;
+                break;
+              }
+              default: {
+                float got;
+                std::memcpy(&got, hd.data() + 4 * i, 4);
+                bad += std::memcmp(&got, &v, 4) != 0;
+                break;
+              }
+            }
+          }
+      }
+  }
+  return bad;
 }
 
 }  // namespace ling::test_gpu

@@ -18,4 +18,20 @@ struct FlashSteps {
 FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int mla_short,
                               int steps, std::int32_t token, std::vector<std::int32_t> const* feed = nullptr);
 
+// LING_PREDICT (read when the model is built: set it first): the predicted experts against the router's picks.
+struct PredictCount {
+  std::int64_t hits = 0, picks = 0;
+};
+// Ling-3.0-flash's widths cut to `layers` layers (as flash_random_steps): one step on `token`, then `steps` recording
+// steps (CudaModel::predict_step).
+PredictCount flash_predict_count(std::string const& config_json, int layers, std::uint64_t seed, std::int32_t token,
+                                 int steps);
+// A checkpoint: the prompt (CudaSession::prefill), then `steps` recording steps.
+PredictCount checkpoint_predict_count(std::string const& dir, std::vector<std::int32_t> const& prompt, int steps);
+
+// build_route_predictor (route_predict.cuh) against the host: a random BF16 router [rows, cols] and RMSNorm weights
+// with zeros, the predictor in block FP8, BF16 and F32; returns the values that differ from the host's P bit for bit
+// (block FP8: the tile scales and the E4M3 codes) over the three formats.
+std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, std::uint64_t seed);
+
 }  // namespace ling::test_gpu

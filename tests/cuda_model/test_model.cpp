@@ -14,6 +14,8 @@
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "ling/cuda/session.hpp"
+#include "ling/io/chat.hpp"
+#include "ling/io/tokenizer.hpp"
 #include "ling/runtime/session.hpp"
 #include "model_harness.hpp"
 
@@ -163,11 +165,14 @@ namespace {
 struct Divergence {
   int differing = 0, nan = 0;
 };
+// env_b: an environment variable set to val_b while the second session is built (unset after), or null.
 Divergence diverge(char const* name, ling::cuda::CudaModelOptions const& oa, ling::cuda::CudaModelOptions const& ob,
-                   int prompt_len, int steps, unsigned seed) {
+                   int prompt_len, int steps, unsigned seed, char const* env_b = nullptr, char const* val_b = nullptr) {
   std::string const dir = std::string(LING_TEST_DATA) + "/" + name;
   auto x = ling::cuda::CudaSession::open(dir, oa);
+  if (env_b) setenv(env_b, val_b, 1);
   auto y = ling::cuda::CudaSession::open(dir, ob);
+  if (env_b) unsetenv(env_b);
   std::mt19937 rng{seed};
   std::uniform_int_distribution<int> tok(0, int(x.vocab_size()) - 1);
   std::vector<std::int32_t> prompt(static_cast<std::size_t>(prompt_len));
@@ -377,9 +382,81 @@ TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's 
   CHECK(differs);
 }
 
+// The look-ahead's predicted experts (LING_PREDICT, a probe: the router folded onto the attention input joins the
+// projections launch; the KDA step's look-ahead blocks select from those logits and request the picks' rows into L2).
+// First the predictor's rows: the kernel's values equal the host's bit for bit in block FP8 (scales and codes), BF16
+// and F32, with zero and tiny norm weights, at Ling's router shape and at one with partial tiles.
+TEST_CASE("the router predictor's rows (build_route_predictor) = the host's, bit for bit") {
+  if (!ling::cuda::device_available()) return;
+  CHECK(ling::test_gpu::route_predictor_mismatches(512, 2560, 11) == 0);
+  CHECK(ling::test_gpu::route_predictor_mismatches(200, 300, 12) == 0);
+}
+
+// The prediction changes no value (a prefetch never does): at Ling-3.0-flash's widths LING_PREDICT=1 and 2 give the
+// default's bits, graph = eager, with the look-ahead requests after the step's wait and before it. Recording steps
+// count one pick per expert slot of each KDA layer with a MoE (layers 2-4 of the 6), and with the routing forced
+// (LING_FORCE_EXPERTS=1) every pick is predicted. The random model's hit rate is printed, not checked: it is not
+// Ling's.
+TEST_CASE("the expert prediction (LING_PREDICT) gives the default's bits; forced routing is predicted in full") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_PREDICT");
+  unsetenv("LING_AHEAD_EARLY");
+  unsetenv("LING_FORCE_EXPERTS");
+  auto const base = flash_base(4249, 3004);
+  check_flash_env_variant(base, "LING_PREDICT", "1", 4249, 3004, 0.0);
+  check_flash_env_variant(base, "LING_PREDICT", "2", 4249, 3004, 0.0);
+  setenv("LING_AHEAD_EARLY", "1", 1);
+  check_flash_env_variant(base, "LING_PREDICT", "2", 4249, 3004, 0.0);
+  unsetenv("LING_AHEAD_EARLY");
+  constexpr int kSteps = 8;
+  setenv("LING_PREDICT", "1", 1);
+  auto const n = ling::test_gpu::flash_predict_count(flash_cfg(), 6, 4249, 3004, kSteps);
+  setenv("LING_FORCE_EXPERTS", "1", 1);
+  auto const f = ling::test_gpu::flash_predict_count(flash_cfg(), 6, 4249, 3004, kSteps);
+  unsetenv("LING_FORCE_EXPERTS");
+  unsetenv("LING_PREDICT");
+  MESSAGE("flash widths, random weights: " << n.hits << " of " << n.picks
+                                           << " picks predicted; forced routing: " << f.hits << " of " << f.picks);
+  CHECK(n.picks == kSteps * 3 * 8);
+  CHECK(n.hits <= n.picks);
+  CHECK(f.picks == n.picks);
+  CHECK(f.hits == f.picks);
+}
+
+// On the tests/data checkpoints (BF16, block-FP8 and MXFP4 storage: the predictor in the projections' format) the
+// prediction gives the default's logits bit for bit; the hit rates of those random checkpoints and of the embedded
+// trained model (16 experts, top 4: a random guess would hit 25%) are printed.
+TEST_CASE("the expert prediction (LING_PREDICT) on checkpoints: the default's bits, and its hit rate") {
+  if (!ling::cuda::device_available()) return;
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    CAPTURE(n);
+    Divergence const d = diverge(n, {4096, false, true}, {4096, false, true}, 11, 12, 91, "LING_PREDICT", "2");
+    CHECK(d.differing == 0);
+    CHECK(d.nan == 0);
+    std::vector<std::int32_t> prompt(11);
+    for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = std::int32_t((i * 37 + 5) % 256);
+    setenv("LING_PREDICT", "1", 1);
+    auto const c = ling::test_gpu::checkpoint_predict_count(std::string(LING_TEST_DATA) + "/" + n, prompt, 12);
+    unsetenv("LING_PREDICT");
+    MESSAGE(n << ": " << c.hits << " of " << c.picks << " picks predicted");
+    CHECK(c.picks == 12 * 3 * 4);  // KDA layers 1, 3 and 4 have a MoE, top 4
+  }
+  std::string const dir = std::string(LING_SOURCE_DIR) + "/models/ling-gsm8k";
+  auto const tok = ling::io::Tokenizer::load(dir + "/tokenizer.json");
+  auto const prompt = tok.encode(ling::io::chat_prompt(
+      "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
+      "did Natalia sell altogether in April and May?",
+      {}));
+  setenv("LING_PREDICT", "1", 1);
+  auto const c = ling::test_gpu::checkpoint_predict_count(dir, prompt, 48);
+  unsetenv("LING_PREDICT");
+  MESSAGE("models/ling-gsm8k (trained): " << c.hits << " of " << c.picks << " picks predicted over 48 steps");
+  CHECK(c.picks == 48 * 5 * 4);  // KDA layers 1, 2, 4, 5, 6 have a MoE, top 4
+}
+
 // The probe's settings refuse what they cannot do, naming the variable: an unknown part, the forced experts' parts
 // without forcing, forcing a checkpoint's routing.
-TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS settings, naming them") {
+TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS / LING_PREDICT settings, naming them") {
   if (!ling::cuda::device_available()) return;
   std::string const dir = std::string(LING_TEST_DATA) + "/ling-a-fp4";
   struct Bad {
@@ -399,6 +476,18 @@ TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS settings, nami
     }
     unsetenv("LING_AHEAD");
     unsetenv("LING_FORCE_EXPERTS");
+  }
+  for (char const* v : {"3", "yes", "-1"}) {  // LING_PREDICT takes 0, 1 or 2
+    CAPTURE(v);
+    setenv("LING_PREDICT", v, 1);
+    try {
+      (void)ling::cuda::CudaSession::open(dir, {4096, false, true});
+      FAIL("accepted");
+    } catch (ling::Error const& e) {
+      CHECK(e.code() == ling::ErrorCode::kInvalidArgument);
+      CHECK(std::string(e.what()).find("LING_PREDICT") != std::string::npos);
+    }
+    unsetenv("LING_PREDICT");
   }
 }
 

@@ -167,23 +167,73 @@ __device__ __forceinline__ float kda_conv(float const (&w)[R], float x, float co
 
 // The look-ahead blocks (KdaStepArgs::ahead): thread t of look-ahead block y takes the 64 KB pieces y · threads + t,
 // + stride, ... of the ranges laid end to end. cp.async.bulk.prefetch.L2 is fire and forget: no register, no
-// completion to wait for.
+// completion to wait for. kda_prefetch_range: one range's pieces from the thread's place idx; returns its place in the
+// next range. The range is widened to 16-byte bounds (the instruction's rule; allocations are 256-byte aligned).
+__device__ __forceinline__ std::uint64_t kda_prefetch_range(void const* p, std::uint64_t bytes, std::uint64_t idx,
+                                                            std::uint64_t stride) {
+  constexpr std::uint64_t kPiece = 64 * 1024;
+  std::uintptr_t const b0 = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t(15);
+  std::uint64_t const n = (reinterpret_cast<std::uintptr_t>(p) + bytes + 15 - b0) & ~std::uint64_t(15);
+  std::uint64_t const pieces = bytes ? (n + kPiece - 1) / kPiece : 0;
+  for (; idx < pieces; idx += stride) {
+    std::uint64_t const off = idx * kPiece, m = n - off < kPiece ? n - off : kPiece;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b0 + off), "r"(std::uint32_t(m)) : "memory");
+  }
+  return idx - pieces;
+}
+
+// The predicted experts (KdaStepArgs::predict): every look-ahead block selects them itself (the router's selection,
+// router_select_block, on the predicted logits), then the blocks share their rows' pieces as above. Out of line: its
+// registers and code stay out of the step's own blocks.
+__device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t idx, std::uint64_t stride) {
+  __shared__ __align__(16) float s_score[kRouterMaxExperts], s_sel[kRouterMaxExperts];
+  __shared__ int s_idx[kMoeMaxTopK];
+  __shared__ float s_w[kMoeMaxTopK];
+  kernels::RouteSel rs;
+  rs.logits = p.logits, rs.bias = p.bias, rs.experts = p.experts, rs.top_k = p.top_k;
+  rs.n_group = p.n_group, rs.topk_group = p.topk_group;
+  kernels::router_select_block(rs, s_score, s_sel, s_idx, s_w);
+  __syncthreads();
+  if (p.record && blockIdx.y == 0 && int(threadIdx.x) < p.top_k) p.record[threadIdx.x] = s_idx[threadIdx.x];
+  int const per = p.down ? 6 : 4;  // gate, its scales, up, its scales[, down, its scales]
+  for (int i = 0; i < p.top_k * per; ++i) {
+    std::int64_t const e = s_idx[i / per];
+    void const* base = nullptr;
+    std::int64_t bytes = 0;
+    switch (i % per) {
+      case 0:
+        base = p.g_w, bytes = p.gu_sw;
+        break;
+      case 1:
+        base = p.g_s, bytes = p.gu_ss;
+        break;
+      case 2:
+        base = p.u_w, bytes = p.gu_sw;
+        break;
+      case 3:
+        base = p.u_s, bytes = p.gu_ss;
+        break;
+      case 4:
+        base = p.d_w, bytes = p.d_sw;
+        break;
+      default:
+        base = p.d_s, bytes = p.d_ss;
+        break;
+    }
+    if (!base || bytes <= 0 || e < 0 || e >= p.experts) continue;
+    idx = kda_prefetch_range(static_cast<char const*>(base) + e * bytes, std::uint64_t(bytes), idx, stride);
+  }
+}
+
 __device__ __forceinline__ void kda_ahead(KdaStepArgs const& a) {
   ops::pdl_trigger();
   if (!a.ahead_before_wait) ops::pdl_wait();
-  constexpr std::uint64_t kPiece = 64 * 1024;
   std::uint64_t const stride = std::uint64_t(gridDim.y) * blockDim.x;
   std::uint64_t idx = std::uint64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  for (int i = 0; i < a.n_ahead; ++i) {
-    AheadRange const r = a.ahead[i];
-    std::uint64_t const pieces = (r.bytes + kPiece - 1) / kPiece;
-    for (; idx < pieces; idx += stride) {
-      std::uint64_t const off = idx * kPiece, n = r.bytes - off < kPiece ? r.bytes - off : kPiece;
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<char const*>(r.p) + off),
-                   "r"(std::uint32_t(n))
-                   : "memory");
-    }
-    idx -= pieces;  // this thread's place in the next range
+  for (int i = 0; i < a.n_ahead; ++i) idx = kda_prefetch_range(a.ahead[i].p, a.ahead[i].bytes, idx, stride);
+  if (a.predict.logits) {
+    if (a.ahead_before_wait) ops::pdl_wait();  // the logits come from the projections launch
+    kda_predict_ahead(a.predict, idx, stride);
   }
 }
 
@@ -386,12 +436,23 @@ inline std::size_t kda_step_smem(int head_dim) {
                           std::size_t(head_dim) * kKdaCols);
 }
 
+// Where the fast kernel runs (the only one with the look-ahead column: KdaStepArgs::ahead and ::predict); the state
+// must also be 16-byte aligned.
+inline bool kda_fast_fits(int head_dim, int conv_kernel) {
+  return head_dim % 4 == 0 && head_dim <= kKdaFastMaxK && conv_kernel <= 4;
+}
+
 inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
   require(a.heads > 0 && a.head_dim > 0 && a.conv_kernel >= 1, ErrorCode::kInvalidArgument, "kda_step: bad dims");
-  bool const fast = a.head_dim % 4 == 0 && a.head_dim <= kKdaFastMaxK && a.conv_kernel <= 4 &&
-                    reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0;
+  bool const fast = kda_fast_fits(a.head_dim, a.conv_kernel) && reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0;
   require(a.n_ahead >= 0 && (a.n_ahead == 0 || a.ahead), ErrorCode::kInvalidArgument,
           "kda_step: bad look-ahead ranges");
+  KdaPredict const& pr = a.predict;
+  require(
+      !pr.logits || (pr.experts > 0 && pr.experts <= kRouterMaxExperts && pr.top_k >= 1 && pr.top_k <= kMoeMaxTopK &&
+                     pr.top_k <= pr.experts && pr.n_group >= 1 && pr.n_group <= kRouterMaxGroups &&
+                     pr.experts % pr.n_group == 0 && pr.topk_group >= 1 && pr.topk_group <= pr.n_group),
+      ErrorCode::kInvalidArgument, "kda_step: bad expert prediction settings");
   if (fast) {
     dim3 grid(unsigned(a.heads), unsigned((a.head_dim + kKdaFastCols - 1) / kKdaFastCols));
     // kAhead: the look-ahead column (KdaStepArgs::ahead)
@@ -413,7 +474,7 @@ inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
           break;
       }
     };
-    if (a.n_ahead > 0)
+    if (a.n_ahead > 0 || a.predict.logits)
       go(std::true_type{});
     else
       go(std::false_type{});

@@ -21,6 +21,22 @@ struct AheadRange {
   std::uint64_t bytes = 0;
 };
 
+// The look-ahead's predicted experts (a probe: CudaModel's LING_PREDICT). The look-ahead blocks select top_k experts
+// from `logits` (the layer's router folded onto its attention input, computed by the projections launch:
+// route_predict.cuh) with the router's grouped selection, then request those experts' gate and up rows (and their
+// down rows when `down`) into L2. The MoE launches read whatever the router really picks, so a wrong guess costs
+// bandwidth, never a value.
+struct KdaPredict {
+  float const* logits = nullptr;  // [experts], written by the launch before the step (null: no prediction)
+  float const* bias = nullptr;    // [experts] the selection bias (expert_bias), or null
+  int experts = 0, top_k = 0, n_group = 1, topk_group = 1;
+  // expert e's gate rows at g_w + e · gu_sw bytes, their scales at g_s + e · gu_ss (null or 0: none); up, down alike
+  void const *g_w = nullptr, *g_s = nullptr, *u_w = nullptr, *u_s = nullptr, *d_w = nullptr, *d_s = nullptr;
+  std::int64_t gu_sw = 0, gu_ss = 0, d_sw = 0, d_ss = 0;
+  bool down = false;
+  int* record = nullptr;  // [top_k]: the predicted picks, in order (measurements: the hit rate), or null
+};
+
 struct KdaStepArgs {
   int heads = 0, head_dim = 0, conv_kernel = 4;
   bool safe_gate = true;
@@ -59,6 +75,8 @@ struct KdaStepArgs {
   AheadRange const* ahead = nullptr;
   int n_ahead = 0;
   bool ahead_before_wait = false;
+  // predict.logits set: the look-ahead blocks also run the prediction (after their PDL wait, after the ranges).
+  KdaPredict predict;
 };
 
 // Host-side conversion between the CPU windows (oldest first, `pos` tokens seen) and the device ring.

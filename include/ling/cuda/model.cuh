@@ -23,6 +23,7 @@
 #include "ling/cuda/model.hpp"
 #include "ling/cuda/model_ops.cuh"
 #include "ling/cuda/random_weights.cuh"
+#include "ling/cuda/route_predict.cuh"
 #include "ling/io/model_config.hpp"
 #include "ling/io/weights.hpp"
 
@@ -117,6 +118,47 @@ class CudaModel {
   }
   static constexpr int kTraceSlots = 7;
 
+  // LING_PREDICT (a probe; docs/kernels.md "The next layer's experts predicted"): 0 off, 1 the KDA step's look-ahead
+  // blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows.
+  int predicting() const { return predict_; }
+  // LING_PREDICT only: one eager greedy step (as step_greedy, outside the graph) that records, per KDA layer with a
+  // MoE, the predicted picks and the router's real ones. hits: real picks that were predicted; picks: all real picks.
+  struct PredictStats {
+    std::int64_t hits = 0, picks = 0;
+  };
+  PredictStats predict_step() {
+    require(predict_ != 0, ErrorCode::kInvalidArgument, "predict_step: LING_PREDICT is off");
+    require(pos_ < max_ctx_, ErrorCode::kOutOfRange, "context overflow");
+    std::size_t const n = layers_.size() * std::size_t(ops::kMaxTopK);
+    check(cudaMemsetAsync(pred_rec_, 0xff, n * 4, stream_), "LING_PREDICT record");
+    check(cudaMemsetAsync(act_rec_, 0xff, n * 4, stream_), "LING_PREDICT record");
+    recording_ = true;
+    try {
+      enqueue_step(stream_, pos_ < opt_.mla_short);
+    } catch (...) {
+      recording_ = false;
+      throw;
+    }
+    recording_ = false;
+    ++pos_;
+    std::vector<int> pred(n), act(n);
+    check(cudaMemcpyAsync(pred.data(), pred_rec_, n * 4, cudaMemcpyDeviceToHost, stream_), "LING_PREDICT record");
+    check(cudaMemcpyAsync(act.data(), act_rec_, n * 4, cudaMemcpyDeviceToHost, stream_), "LING_PREDICT record");
+    synchronize();
+    PredictStats s;
+    int const k = int(c_.num_experts_per_tok);
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      if (!layers_[i].f.pred.rows) continue;
+      int const* p = pred.data() + i * ops::kMaxTopK;
+      int const* r = act.data() + i * ops::kMaxTopK;
+      for (int j = 0; j < k; ++j) {
+        ++s.picks;
+        s.hits += r[j] >= 0 && std::find(p, p + k, r[j]) != p + k;
+      }
+    }
+    return s;
+  }
+
   // Switches the LM head (recaptures the graph on the next step).
   void set_lm_head_fp8(bool fp8) {
     if (fp8 == opt_.lm_head_fp8) return;
@@ -178,6 +220,7 @@ class CudaModel {
       auto const& f = l.f;
       b.weights += m(f.sg) + m(f.su) + m(f.sd);
       if (f.moe) b.weights += m(f.router) + 4.0 * c_.num_experts + double(c_.num_experts_per_tok) * f.expert_bytes;
+      if (f.pred.rows) b.weights += m(f.pred);  // LING_PREDICT: read by the projections launch
     }
     return b;
   }
@@ -203,6 +246,7 @@ class CudaModel {
     double expert_bytes = 0;  // gate + up + down of one expert
     ModelMatrix sg, su, sd;   // shared expert or dense MLP
     float limit = 0, shared_limit = 0;
+    ModelMatrix pred;  // LING_PREDICT: the router folded onto the attention input (route_predict.cuh), or empty
   };
   struct Layer {
     bool mla = false;
@@ -234,6 +278,11 @@ class CudaModel {
     require(opt_.mla_short >= 0 && opt_.mla_short <= kMlaShortMaxLen, ErrorCode::kInvalidArgument,
             "CudaModelOptions::mla_short (or LING_MLA_SHORT) is " + std::to_string(opt_.mla_short) +
                 ": the short-context MLA kernel takes positions below at most " + std::to_string(kMlaShortMaxLen));
+    predict_ = predict_env();
+    require(!predict_ || kda_fast_fits(int(c.head_dim), int(c.short_conv_kernel_size)), ErrorCode::kUnsupported,
+            "LING_PREDICT: the prediction runs in the KDA step's fast kernel (head_dim a multiple of 4 up to " +
+                std::to_string(kKdaFastMaxK) + ", conv kernel up to 4); " + c.source + " has head_dim " +
+                std::to_string(c.head_dim) + ", conv kernel " + std::to_string(c.short_conv_kernel_size));
     max_ctx_ = o.max_context > 0 ? o.max_context : 4096;
     if (c.max_position_embeddings > 0) max_ctx_ = std::min(max_ctx_, c.max_position_embeddings);
     mla_dims_ = MlaDims{int(c.mla_num_heads), int(c.qk_nope_head_dim), int(c.qk_rope_head_dim), int(c.v_head_dim), int(c.kv_lora_rank),
@@ -458,6 +507,16 @@ class CudaModel {
           require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
         }
         act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
+        if (predict_ && !l.mla) {  // LING_PREDICT: the predictor rows, in the projections' format
+          MatFormat const pf = l.k.q.format;
+          require(route_predictor_format(pf), ErrorCode::kUnsupported,
+                  "LING_PREDICT: " + a + "q_proj.weight is stored as " + std::string(to_string(pf)) +
+                      "; the predictor rows join the projections' launch only as block FP8, BF16 or F32");
+          std::size_t const sb = std::size_t(matrix_storage_bytes(pf, E, D)),
+                            cb = std::size_t(matrix_scale_bytes(pf, E, D));
+          f.pred = ModelMatrix{pf, arena_.take(sb), cb ? arena_.take(cb) : nullptr, E, D};
+          weight_bytes_ += arena_.dry ? 0 : sb + cb;
+        }
       } else {
         std::int64_t const I = c.intermediate_size;
         f.sg = mat(m + "gate_proj.weight", I, D, WeightKind::kDense);
@@ -483,6 +542,11 @@ class CudaModel {
     o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
     mo_ = scratch<float>(Hm * c.v_head_dim);
     router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
+    if (predict_) {
+      pred_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
+      pred_rec_ = scratch<int>(std::int64_t(layers_.size()) * ops::kMaxTopK);
+      act_rec_ = scratch<int>(std::int64_t(layers_.size()) * ops::kMaxTopK);
+    }
     sel_idx_ = scratch<int>(ops::kMaxTopK);
     sel_w_ = scratch<float>(ops::kMaxTopK);
     act_ = scratch<float>(act_max);
@@ -520,6 +584,8 @@ class CudaModel {
     rnd::quantize_fp8_rows(head_src_, static_cast<E4m3*>(const_cast<void*>(head_fp8_.data)),
                            static_cast<float*>(const_cast<void*>(head_fp8_.scales)));
     weight_bytes_ += std::size_t(head_fp8_.bytes());
+    for (Layer const& l : layers_)
+      if (l.f.pred.rows) build_route_predictor(l.f.router, l.post_norm, l.in_norm, l.f.pred);
     setup_ahead();
     check(cudaDeviceSynchronize(), "building the CUDA model");
     // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
@@ -547,6 +613,16 @@ class CudaModel {
   // LING_AHEAD_EARLY=1: the blocks request them without waiting for the projections. Outputs are unchanged by
   // LING_AHEAD (a prefetch changes no value). The question it answers: how much would launch A and B gain if the
   // routing were known a launch ahead (docs/performance.md, session 41's item 5).
+  // LING_PREDICT: unset or 0 off, 1 or 2 (CudaModel::predicting); anything else is refused, naming the variable.
+  static int predict_env() {
+    char const* e = std::getenv("LING_PREDICT");
+    if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
+    require(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, ErrorCode::kInvalidArgument,
+            std::string("LING_PREDICT is '") + e +
+                "': 0 (off), 1 (the predicted experts' gate and up rows) or 2 (also down)");
+    return *e - '0';
+  }
+
   void setup_ahead() {
     auto const parts = [](char const* e) {
       std::vector<std::string> v;
@@ -697,7 +773,17 @@ class CudaModel {
       Layer& l = layers_[i];
       trace_at(i, 0);
       if (!l.mla) {
-        if (!skipped("kproj")) {
+        bool const predict = l.f.pred.rows > 0;  // LING_PREDICT: the predictor rows join the projections
+        if (!skipped("kproj") && predict) {
+          ops::matvec(st, x_, norm_pa(l.in_norm),
+                      {{&l.k.q, xq_},
+                       {&l.k.k, xk_},
+                       {&l.k.v, xv_},
+                       {&l.k.f, xf_},
+                       {&l.k.g, xg_},
+                       {&l.k.b, xb_},
+                       {&l.f.pred, pred_logits_}});
+        } else if (!skipped("kproj")) {
           ops::matvec(st, x_, norm_pa(l.in_norm),
                       {{&l.k.q, xq_}, {&l.k.k, xk_}, {&l.k.v, xv_}, {&l.k.f, xf_}, {&l.k.g, xg_}, {&l.k.b, xb_}});
         }
@@ -714,11 +800,24 @@ class CudaModel {
         bool const gated = ka.o_ss && kda_gate_on();
         if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
         // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
-        ka.state_before_wait = opt_.use_graph && kda_state_early_env();
+        ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
           ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
           ka.n_ahead = ahead_n_[i];
+          ka.ahead_before_wait = ahead_early_;
+        }
+        if (predict) {
+          FfnL const& f = l.f;
+          KdaPredict& pr = ka.predict;
+          pr.logits = pred_logits_, pr.bias = f.bias;
+          pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
+          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1,
+          pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
+          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+          pr.down = predict_ >= 2;
+          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
           ka.ahead_before_wait = ahead_early_;
         }
         if (!skipped("kstep")) kda_step(ka, st);
@@ -794,6 +893,10 @@ class CudaModel {
       a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
       trace_at(i, 4);  // B: region 5
       ops::moe(st, x_, norm_pa(l.post_norm), a, f.routed, f.sg.format, x_, x_);
+      if (recording_ && f.pred.rows)  // predict_step: the real picks beside the predicted ones
+        check(cudaMemcpyAsync(act_rec_ + std::int64_t(i) * ops::kMaxTopK, sel_idx_,
+                              std::size_t(c.num_experts_per_tok) * 4, cudaMemcpyDeviceToDevice, st),
+              "LING_PREDICT record");
     }
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::trace_next() = nullptr;
@@ -886,6 +989,13 @@ class CudaModel {
   DeviceBuffer ahead_buf_;
   std::vector<int> ahead_off_, ahead_n_;
   bool ahead_early_ = false;
+  // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows. pred_logits_:
+  // the projections launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks
+  // (predict_step only, recording_).
+  int predict_ = 0;
+  bool recording_ = false;
+  float* pred_logits_ = nullptr;
+  int *pred_rec_ = nullptr, *act_rec_ = nullptr;
   std::int32_t *token_dev_ = nullptr, *scratch_token_ = nullptr, *pos_dev_ = nullptr;
   std::int32_t* host_token_ = nullptr;
   cudaStream_t stream_ = nullptr;
