@@ -12,15 +12,24 @@
 
 namespace ling::test_gpu {
 
-FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int mla_short,
-                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
+namespace {
+
+// Ling-3.0-flash's widths (config_json) cut to `layers` layers.
+ModelConfig flash_config(std::string const& config_json, int layers) {
   std::ifstream f(config_json);
   require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
   nlohmann::json j = nlohmann::json::parse(f);
   j["num_hidden_layers"] = layers;
   for (char const* k : {"expert_swiglu_limit_list", "share_expert_swiglu_limit_list"})
     if (j.contains(k) && j[k].is_array() && int(j[k].size()) > layers) j[k].erase(j[k].begin() + layers, j[k].end());
-  ModelConfig const c = ModelConfig::from_json(j, config_json + " (cut to " + std::to_string(layers) + " layers)");
+  return ModelConfig::from_json(j, config_json + " (cut to " + std::to_string(layers) + " layers)");
+}
+
+}  // namespace
+
+FlashSteps flash_random_steps(std::string const& config_json, int layers, std::uint64_t seed, bool graph, int mla_short,
+                              int steps, std::int32_t token, std::vector<std::int32_t> const* feed) {
+  ModelConfig const c = flash_config(config_json, layers);
   cuda::CudaModelOptions o;
   o.max_context = 64;
   o.use_graph = graph;
@@ -40,16 +49,6 @@ FlashSteps flash_random_steps(std::string const& config_json, int layers, std::u
 }
 
 namespace {
-
-ModelConfig flash_config(std::string const& config_json, int layers) {
-  std::ifstream f(config_json);
-  require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
-  nlohmann::json j = nlohmann::json::parse(f);
-  j["num_hidden_layers"] = layers;
-  for (char const* k : {"expert_swiglu_limit_list", "share_expert_swiglu_limit_list"})
-    if (j.contains(k) && j[k].is_array() && int(j[k].size()) > layers) j[k].erase(j[k].begin() + layers, j[k].end());
-  return ModelConfig::from_json(j, config_json + " (cut to " + std::to_string(layers) + " layers)");
-}
 
 PredictCount count_predictions(cuda::CudaModel& m, int steps) {
   PredictCount n;

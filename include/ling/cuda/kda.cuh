@@ -195,33 +195,15 @@ __device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t
   kernels::router_select_block(rs, s_score, s_sel, s_idx, s_w);
   __syncthreads();
   if (p.record && blockIdx.y == 0 && int(threadIdx.x) < p.top_k) p.record[threadIdx.x] = s_idx[threadIdx.x];
-  int const per = p.down ? 6 : 4;  // gate, its scales, up, its scales[, down, its scales]
+  // per pick: gate, its scales, up, its scales[, down, its scales]
+  void const* const base[6] = {p.g_w, p.g_s, p.u_w, p.u_s, p.d_w, p.d_s};
+  std::int64_t const bytes[6] = {p.gu_sw, p.gu_ss, p.gu_sw, p.gu_ss, p.d_sw, p.d_ss};
+  int const per = p.down ? 6 : 4;
   for (int i = 0; i < p.top_k * per; ++i) {
     std::int64_t const e = s_idx[i / per];
-    void const* base = nullptr;
-    std::int64_t bytes = 0;
-    switch (i % per) {
-      case 0:
-        base = p.g_w, bytes = p.gu_sw;
-        break;
-      case 1:
-        base = p.g_s, bytes = p.gu_ss;
-        break;
-      case 2:
-        base = p.u_w, bytes = p.gu_sw;
-        break;
-      case 3:
-        base = p.u_s, bytes = p.gu_ss;
-        break;
-      case 4:
-        base = p.d_w, bytes = p.d_sw;
-        break;
-      default:
-        base = p.d_s, bytes = p.d_ss;
-        break;
-    }
-    if (!base || bytes <= 0 || e < 0 || e >= p.experts) continue;
-    idx = kda_prefetch_range(static_cast<char const*>(base) + e * bytes, std::uint64_t(bytes), idx, stride);
+    int const k = i % per;
+    if (!base[k] || bytes[k] <= 0 || e < 0 || e >= p.experts) continue;
+    idx = kda_prefetch_range(static_cast<char const*>(base[k]) + e * bytes[k], std::uint64_t(bytes[k]), idx, stride);
   }
 }
 
