@@ -118,8 +118,8 @@ class CudaModel {
   }
   static constexpr int kTraceSlots = 7;
 
-  // LING_PREDICT (a probe; docs/kernels.md "The next layer's experts predicted"): 0 off, 1 the KDA step's look-ahead
-  // blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows.
+  // LING_PREDICT (a probe; docs/kernels.md "The layer's experts predicted from its input"): 0 off, 1 the KDA step's
+  // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows.
   int predicting() const { return predict_; }
   // LING_PREDICT only: one eager greedy step (as step_greedy, outside the graph) that records, per KDA layer with a
   // MoE, the predicted picks and the router's real ones. hits: real picks that were predicted; picks: all real picks.
@@ -601,6 +601,16 @@ class CudaModel {
     reset();
   }
 
+  // LING_PREDICT: unset or 0 off, 1 or 2 (CudaModel::predicting); anything else is refused, naming the variable.
+  static int predict_env() {
+    char const* e = std::getenv("LING_PREDICT");
+    if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
+    require(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, ErrorCode::kInvalidArgument,
+            std::string("LING_PREDICT is '") + e +
+                "': 0 (off), 1 (the predicted experts' gate and up rows) or 2 (also down)");
+    return *e - '0';
+  }
+
   // ---- the L2 look-ahead probe (measurements only) -----------------------------------------------------
   // LING_FORCE_EXPERTS=1 (random weights only): every MoE layer's selection bias (expert_bias) is +1000 on top_k fixed
   // experts, half in group i mod n_group and half in the group n_group / 2 further, so the selection picks exactly
@@ -613,16 +623,6 @@ class CudaModel {
   // LING_AHEAD_EARLY=1: the blocks request them without waiting for the projections. Outputs are unchanged by
   // LING_AHEAD (a prefetch changes no value). The question it answers: how much would launch A and B gain if the
   // routing were known a launch ahead (docs/performance.md, session 41's item 5).
-  // LING_PREDICT: unset or 0 off, 1 or 2 (CudaModel::predicting); anything else is refused, naming the variable.
-  static int predict_env() {
-    char const* e = std::getenv("LING_PREDICT");
-    if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
-    require(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, ErrorCode::kInvalidArgument,
-            std::string("LING_PREDICT is '") + e +
-                "': 0 (off), 1 (the predicted experts' gate and up rows) or 2 (also down)");
-    return *e - '0';
-  }
-
   void setup_ahead() {
     auto const parts = [](char const* e) {
       std::vector<std::string> v;
@@ -812,7 +812,7 @@ class CudaModel {
           KdaPredict& pr = ka.predict;
           pr.logits = pred_logits_, pr.bias = f.bias;
           pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
-          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1,
+          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
           pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
           pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
           pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
