@@ -11,10 +11,16 @@ and of their greedy continuations:
   chance  top_k / experts, the rate of a guess that knows nothing.
 
 Usage: python3 tools/perf/predict_hits.py --model models/ling-gsm8k [--prompt TEXT ...] [--steps 48] [--fp8]
+       python3 tools/perf/predict_hits.py --random-config tests/data/ling3-flash-config/config.json --layers 6
+A random model at a config's widths (--random-config: make_testdata's weight distributions, the config cut to
+--layers layers and a 4096-token vocabulary; the routed experts drawn as 16 distinct weight sets shared round robin so
+that 512 experts fit in memory, each MoE layer's router and bias its own) asks how the selection's shape (8 of 512 in
+groups, against 4 of 16) changes the rate. It is not Ling's rate either.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -22,6 +28,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "oracle"))
 import ling_ref  # noqa: E402
+import make_testdata  # noqa: E402
 
 PROMPTS = [
     "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
@@ -94,16 +101,49 @@ def forward_counting(model, tokens, cache, counter, fp8_rows):
     return hn @ w["lm_head.weight"].T
 
 
+def random_model(config_json: str, layers: int, seed: int):
+    """A random Model at the config's widths (see the usage above)."""
+    cfg = json.load(open(config_json))
+    cfg["num_hidden_layers"] = layers
+    cfg["num_nextn_predict_layers"] = 0
+    cfg["vocab_size"] = 4096
+    for k in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        if isinstance(cfg.get(k), list):
+            cfg[k] = cfg[k][:layers]
+    pool = 16
+    small = dict(cfg, num_experts=pool, n_group=1, topk_group=1, num_experts_per_tok=1)
+    w = make_testdata.ling_weights(small, seed)
+    c = ling_ref.RefConfig.from_dict(cfg)
+    init = make_testdata.Init(seed + 1)
+    D, E = c.hidden_size, c.num_experts
+    for i in range(layers):
+        if c.mlp_types[i] != "moe":
+            continue
+        p = f"model.layers.{i}.mlp."
+        w[p + "gate.weight"] = init.lin(E, D, gain=1.5)
+        w[p + "gate.expert_bias"] = init.normal(E, std=0.1)
+        for e in range(pool, E):
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                w[p + f"experts.{e}.{n}.weight"] = w[p + f"experts.{e % pool}.{n}.weight"]
+    return ling_ref.Model(c, w)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="checkpoint directory")
+    ap.add_argument("--random-config", help="config.json of a random model instead of --model")
+    ap.add_argument("--layers", type=int, default=6, help="--random-config: layers kept")
+    ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--prompt", action="append", help="question text (chat format applied); default: 3 GSM8K ones")
     ap.add_argument("--tokens", help="comma-separated token ids instead of prompts (checkpoints without a tokenizer)")
     ap.add_argument("--steps", type=int, default=48, help="greedy tokens after each prompt")
     ap.add_argument("--fp8", action="store_true", help="also the guess with P in block FP8 (as the CUDA model)")
     a = ap.parse_args()
 
-    model = ling_ref.load_model(a.model)
+    if bool(a.model) == bool(a.random_config):
+        ap.error("give --model or --random-config")
+    model = ling_ref.load_model(a.model) if a.model else random_model(a.random_config, a.layers, a.seed)
+    name = a.model or f"random model at {a.random_config}'s widths, {a.layers} layers, seed {a.seed}"
     c = model.cfg
     fp8_rows = None
     if a.fp8:
@@ -115,6 +155,9 @@ def main():
                 fp8_rows[i] = ling_ref.dequant_fp8_block(q, s).to(model.dtype)
     if a.tokens:
         runs = [[int(t) for t in a.tokens.split(",")]]
+    elif a.random_config:
+        g = torch.Generator().manual_seed(a.seed)
+        runs = [torch.randint(0, c.vocab_size, (16,), generator=g).tolist() for _ in range(2)]
     else:
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
@@ -130,7 +173,7 @@ def main():
                 logits = forward_counting(model, [nxt], cache, counter, fp8_rows)
 
     k, e = c.num_experts_per_tok, c.num_experts
-    print(f"{a.model}: {len(runs)} prompt(s) + {a.steps} greedy tokens each; top {k} of {e} experts "
+    print(f"{name}: {len(runs)} prompt(s) + {a.steps} greedy tokens each; top {k} of {e} experts "
           f"(chance {100.0 * k / e:.1f}%)")
     print("| layer | mixer | picks | predicted | rate |" + (" FP8 P rate |" if a.fp8 else ""))
     print("|---:|---|---:|---:|---:|" + ("---:|" if a.fp8 else ""))
