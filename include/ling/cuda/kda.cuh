@@ -170,14 +170,17 @@ __device__ __forceinline__ float kda_conv(float const (&w)[R], float x, float co
 // completion to wait for. kda_prefetch_range: one range's pieces from the thread's place idx; returns its place in the
 // next range. The range is widened to 16-byte bounds (the instruction's rule; allocations are 256-byte aligned).
 __device__ __forceinline__ std::uint64_t kda_prefetch_range(void const* p, std::uint64_t bytes, std::uint64_t idx,
-                                                            std::uint64_t stride) {
-  constexpr std::uint64_t kPiece = 64 * 1024;
+                                                            std::uint64_t stride, bool lines) {
+  std::uint64_t const kPiece = lines ? 128 : 64 * 1024;  // KdaStepArgs::ahead_lines
   std::uintptr_t const b0 = reinterpret_cast<std::uintptr_t>(p) & ~std::uintptr_t(15);
   std::uint64_t const n = (reinterpret_cast<std::uintptr_t>(p) + bytes + 15 - b0) & ~std::uint64_t(15);
   std::uint64_t const pieces = bytes ? (n + kPiece - 1) / kPiece : 0;
   for (; idx < pieces; idx += stride) {
     std::uint64_t const off = idx * kPiece, m = n - off < kPiece ? n - off : kPiece;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b0 + off), "r"(std::uint32_t(m)) : "memory");
+    if (lines)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(b0 + off) : "memory");
+    else
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b0 + off), "r"(std::uint32_t(m)) : "memory");
   }
   return idx - pieces;
 }
@@ -185,7 +188,8 @@ __device__ __forceinline__ std::uint64_t kda_prefetch_range(void const* p, std::
 // The predicted experts (KdaStepArgs::predict): every look-ahead block selects them itself (the router's selection,
 // router_select_block, on the predicted logits), then the blocks share their rows' pieces as above. Out of line: its
 // registers and code stay out of the step's own blocks.
-__device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t idx, std::uint64_t stride) {
+__device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t idx, std::uint64_t stride,
+                                               bool lines) {
   __shared__ __align__(16) float s_score[kRouterMaxExperts], s_sel[kRouterMaxExperts];
   __shared__ int s_idx[kMoeMaxTopK];
   __shared__ float s_w[kMoeMaxTopK];
@@ -194,7 +198,8 @@ __device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t
   rs.n_group = p.n_group, rs.topk_group = p.topk_group;
   kernels::router_select_block(rs, s_score, s_sel, s_idx, s_w);
   __syncthreads();
-  if (p.record && blockIdx.y == 0 && int(threadIdx.x) < p.top_k) p.record[threadIdx.x] = s_idx[threadIdx.x];
+  if (p.record && blockIdx.y == 0 && blockIdx.x + 1 == gridDim.x && int(threadIdx.x) < p.top_k)
+    p.record[threadIdx.x] = s_idx[threadIdx.x];
   // per pick: gate, its scales, up, its scales[, down, its scales]
   void const* const base[6] = {p.g_w, p.g_s, p.u_w, p.u_s, p.d_w, p.d_s};
   std::int64_t const bytes[6] = {p.gu_sw, p.gu_ss, p.gu_sw, p.gu_ss, p.d_sw, p.d_ss};
@@ -203,19 +208,23 @@ __device__ __noinline__ void kda_predict_ahead(KdaPredict const p, std::uint64_t
     std::int64_t const e = s_idx[i / per];
     int const k = i % per;
     if (!base[k] || bytes[k] <= 0 || e < 0 || e >= p.experts) continue;
-    idx = kda_prefetch_range(static_cast<char const*>(base[k]) + e * bytes[k], std::uint64_t(bytes[k]), idx, stride);
+    idx = kda_prefetch_range(static_cast<char const*>(base[k]) + e * bytes[k], std::uint64_t(bytes[k]), idx, stride,
+                             lines);
   }
 }
 
 __device__ __forceinline__ void kda_ahead(KdaStepArgs const& a) {
   ops::pdl_trigger();
   if (!a.ahead_before_wait) ops::pdl_wait();
-  std::uint64_t const stride = std::uint64_t(gridDim.y) * blockDim.x;
-  std::uint64_t idx = std::uint64_t(blockIdx.y) * blockDim.x + threadIdx.x;
-  for (int i = 0; i < a.n_ahead; ++i) idx = kda_prefetch_range(a.ahead[i].p, a.ahead[i].bytes, idx, stride);
+  // look-ahead block la of n_la (KdaStepArgs::ahead_cols columns past the heads)
+  std::uint64_t const la = std::uint64_t(blockIdx.x - a.heads) * gridDim.y + blockIdx.y;
+  std::uint64_t const stride = std::uint64_t(gridDim.x - a.heads) * gridDim.y * blockDim.x;
+  std::uint64_t idx = la * blockDim.x + threadIdx.x;
+  for (int i = 0; i < a.n_ahead; ++i)
+    idx = kda_prefetch_range(a.ahead[i].p, a.ahead[i].bytes, idx, stride, a.ahead_lines);
   if (a.predict.logits) {
     if (a.ahead_before_wait) ops::pdl_wait();  // the logits come from the projections launch
-    kda_predict_ahead(a.predict, idx, stride);
+    kda_predict_ahead(a.predict, idx, stride, a.ahead_lines);
   }
 }
 
@@ -223,7 +232,7 @@ __device__ __forceinline__ void kda_ahead(KdaStepArgs const& a) {
 template <int R, bool kAhead = false>
 __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepArgs a) {
   if constexpr (kAhead) {
-    if (int(blockIdx.x) == a.heads) {
+    if (int(blockIdx.x) >= a.heads) {
       kda_ahead(a);
       return;
     }
@@ -440,7 +449,7 @@ inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
     // kAhead: the look-ahead column (KdaStepArgs::ahead)
     auto go = [&](auto ahead) {
       constexpr bool kAhead = decltype(ahead)::value;
-      if (kAhead) grid.x += 1;
+      if (kAhead) grid.x += unsigned(a.ahead_cols < 1 ? 1 : a.ahead_cols);
       switch (a.conv_kernel) {
         case 1:
           ops::launch(kda_step_fast_kernel<1, kAhead>, grid, kKdaFastThreads, 0, st, a);

@@ -75,6 +75,10 @@ struct KdaStepArgs {
   AheadRange const* ahead = nullptr;
   int n_ahead = 0;
   bool ahead_before_wait = false;
+  // true: the look-ahead requests go out as one prefetch.global.L2 per 128-byte line instead of 64 KB bulk prefetches
+  // (a bulk prefetch keeps its block, and so the launch, alive until its bytes have landed; measured in session 42)
+  bool ahead_lines = false;
+  int ahead_cols = 1;  // columns of look-ahead blocks (head_dim / 16 blocks each), sharing the requests
   // predict.logits set: the look-ahead blocks also run the prediction (after their PDL wait, after the ranges).
   KdaPredict predict;
 };

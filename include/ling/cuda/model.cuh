@@ -638,6 +638,8 @@ class CudaModel {
     std::vector<std::string> const want = parts(std::getenv("LING_AHEAD"));
     bool const force = env_on("LING_FORCE_EXPERTS");
     ahead_early_ = env_on("LING_AHEAD_EARLY");
+    ahead_lines_ = env_on("LING_AHEAD_LINES");                       // KdaStepArgs::ahead_lines
+    ahead_cols_ = std::clamp(env_int("LING_AHEAD_COLS", 1), 1, 64);  // KdaStepArgs::ahead_cols
     ModelConfig const& c = c_;
     int const top_k = int(c.num_experts_per_tok), groups = int(c.n_group) > 0 ? int(c.n_group) : 1;
     int const gsize = int(c.num_experts / groups), half = (top_k + 1) / 2;
@@ -806,6 +808,8 @@ class CudaModel {
           ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
           ka.n_ahead = ahead_n_[i];
           ka.ahead_before_wait = ahead_early_;
+          ka.ahead_lines = ahead_lines_;
+          ka.ahead_cols = ahead_cols_;
         }
         if (predict) {
           FfnL const& f = l.f;
@@ -819,6 +823,8 @@ class CudaModel {
           pr.down = predict_ >= 2;
           pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
           ka.ahead_before_wait = ahead_early_;
+          ka.ahead_lines = ahead_lines_;
+          ka.ahead_cols = ahead_cols_;
         }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
@@ -988,7 +994,8 @@ class CudaModel {
   // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count
   DeviceBuffer ahead_buf_;
   std::vector<int> ahead_off_, ahead_n_;
-  bool ahead_early_ = false;
+  bool ahead_early_ = false, ahead_lines_ = false;
+  int ahead_cols_ = 1;
   // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows. pred_logits_:
   // the projections launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks
   // (predict_step only, recording_).
