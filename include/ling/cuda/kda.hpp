@@ -68,10 +68,11 @@ struct KdaStepArgs {
   // starts). Consecutive steps launched back to back on one stream must leave it false.
   bool state_before_wait = false;
   unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
-  // Look-ahead (a probe: CudaModel's LING_AHEAD): n_ahead ranges (a device array) that one extra column of blocks
-  // requests into L2 by bulk prefetches, in pieces of 64 KB, after its PDL wait (ahead_before_wait: without waiting),
-  // so that later launches of the layer (MoE launch A, B) find those weights in L2. The step's own blocks are
-  // unchanged, and a prefetch changes no value. Fast kernel only; n_ahead 0: the usual grid.
+  // Look-ahead (a probe: CudaModel's LING_AHEAD; measured slower in session 42, docs/kernels.md): n_ahead ranges (a
+  // device array) that ahead_cols extra columns of blocks request into L2 by bulk prefetches, in pieces of 64 KB (or
+  // by line prefetches, ahead_lines), after their PDL wait (ahead_before_wait: without waiting), so that later
+  // launches of the layer (MoE launch A, B) find those weights in L2. The step's own blocks are unchanged, and a
+  // prefetch changes no value. Fast kernel only; n_ahead 0 and no prediction: the usual grid.
   AheadRange const* ahead = nullptr;
   int n_ahead = 0;
   bool ahead_before_wait = false;
