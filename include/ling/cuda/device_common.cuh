@@ -34,6 +34,16 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   float t = lane < nwarps ? scratch[lane] : 0.f;
   return warp_sum(t);
 }
+// Maximum over the whole block (block_sum's pattern); `scratch` holds >= 32 floats. Every thread gets the result.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = lane < nwarps ? scratch[lane] : __int_as_float(0xff800000);  // -inf
+  return warp_max(t);
+}
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + __expf(-x)); }

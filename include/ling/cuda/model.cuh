@@ -775,8 +775,9 @@ class CudaModel {
       Layer& l = layers_[i];
       trace_at(i, 0);
       if (!l.mla) {
-        bool const predict = l.f.pred.rows > 0;  // LING_PREDICT: the predictor rows join the projections
-        if (!skipped("kproj") && predict) {
+        // LING_PREDICT: the predictor rows join the projections (ops::matvec leaves out a matrix of 0 rows)
+        bool const predict = l.f.pred.rows > 0;
+        if (!skipped("kproj")) {
           ops::matvec(st, x_, norm_pa(l.in_norm),
                       {{&l.k.q, xq_},
                        {&l.k.k, xk_},
@@ -785,9 +786,6 @@ class CudaModel {
                        {&l.k.g, xg_},
                        {&l.k.b, xb_},
                        {&l.f.pred, pred_logits_}});
-        } else if (!skipped("kproj")) {
-          ops::matvec(st, x_, norm_pa(l.in_norm),
-                      {{&l.k.q, xq_}, {&l.k.k, xk_}, {&l.k.v, xv_}, {&l.k.f, xf_}, {&l.k.g, xg_}, {&l.k.b, xb_}});
         }
         KdaStepArgs ka;
         ka.heads = int(c.num_attention_heads);
@@ -804,12 +802,11 @@ class CudaModel {
         // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
         ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+        // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
+        ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
         if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
           ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
           ka.n_ahead = ahead_n_[i];
-          ka.ahead_before_wait = ahead_early_;
-          ka.ahead_lines = ahead_lines_;
-          ka.ahead_cols = ahead_cols_;
         }
         if (predict) {
           FfnL const& f = l.f;
@@ -822,9 +819,6 @@ class CudaModel {
           pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
           pr.down = predict_ >= 2;
           pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
-          ka.ahead_before_wait = ahead_early_;
-          ka.ahead_lines = ahead_lines_;
-          ka.ahead_cols = ahead_cols_;
         }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);

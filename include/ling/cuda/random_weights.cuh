@@ -104,17 +104,7 @@ __global__ void __launch_bounds__(256) quantize_fp8_rows_kernel(ModelMatrix src,
   float amax = 0.f;
   for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)
     amax = fmaxf(amax, fabsf(ops::Fmt<F>::at(src.data, src.scales, src.rows, src.cols, r, c)));
-  // block max through warp max + shared
-  amax = dev::warp_max(amax);
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = amax;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < (blockDim.x >> 5) ? scratch[threadIdx.x] : 0.f;
-    v = dev::warp_max(v);
-    if (threadIdx.x == 0) scratch[0] = v;
-  }
-  __syncthreads();
-  amax = scratch[0];
+  amax = dev::block_max(amax, scratch);
   float const scale = amax > 0.f ? amax / kE4m3Max : 1.f;
   if (threadIdx.x == 0) scales[r] = scale;
   for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)

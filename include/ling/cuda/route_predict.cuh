@@ -34,7 +34,7 @@ __device__ __forceinline__ float route_predictor_value(float w, float post, floa
 template <MatFormat FS>
 __global__ void __launch_bounds__(256)
     route_predictor_kernel(ModelMatrix src, float const* w_post, float const* w_in, ModelMatrix dst) {
-  __shared__ float s_max[8];
+  __shared__ float s_max[32];
   std::int64_t const rows = src.rows, cols = src.cols;
   std::int64_t const r0 = std::int64_t(blockIdx.y) * 128, c0 = std::int64_t(blockIdx.x) * 128;
   auto value = [&](int t, std::int64_t& r, std::int64_t& c) {
@@ -50,11 +50,7 @@ __global__ void __launch_bounds__(256)
       float const v = value(t, r, c);
       if (r < rows && c < cols) amax = fmaxf(amax, fabsf(v));
     }
-    amax = dev::warp_max(amax);
-    if ((threadIdx.x & 31) == 0) s_max[threadIdx.x >> 5] = amax;
-    __syncthreads();
-    amax = 0.f;
-    for (int w = 0; w < int(blockDim.x >> 5); ++w) amax = fmaxf(amax, s_max[w]);
+    amax = dev::block_max(amax, s_max);
     scale = amax > 0.f ? amax / kE4m3Max : 1.f;
     if (threadIdx.x == 0)
       static_cast<float*>(const_cast<void*>(dst.scales))[blockIdx.y * ((cols + 127) / 128) + blockIdx.x] = scale;
