@@ -119,7 +119,9 @@ class CudaModel {
   static constexpr int kTraceSlots = 7;
 
   // LING_PREDICT (a probe; docs/kernels.md "The layer's experts predicted from its input"): 0 off, 1 the KDA step's
-  // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows.
+  // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows, 3 MoE launch A
+  // copies the predicted experts' tiles into its shared memory before it knows the picks (MoeStep::predicted), 4 the
+  // predictions made and written, not used (3's cost without its gain).
   int predicting() const { return predict_; }
   // LING_PREDICT only: one eager greedy step (as step_greedy, outside the graph) that records, per KDA layer with a
   // MoE, the predicted picks and the router's real ones. hits: real picks that were predicted; picks: all real picks.
@@ -601,13 +603,14 @@ class CudaModel {
     reset();
   }
 
-  // LING_PREDICT: unset or 0 off, 1 or 2 (CudaModel::predicting); anything else is refused, naming the variable.
+  // LING_PREDICT: unset or 0 off, 1 to 4 (CudaModel::predicting); anything else is refused, naming the variable.
   static int predict_env() {
     char const* e = std::getenv("LING_PREDICT");
     if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
-    require(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, ErrorCode::kInvalidArgument,
+    require(e[1] == '\0' && e[0] >= '1' && e[0] <= '4', ErrorCode::kInvalidArgument,
             std::string("LING_PREDICT is '") + e +
-                "': 0 (off), 1 (the predicted experts' gate and up rows) or 2 (also down)");
+                "': 0 (off), 1 (the predicted experts' gate and up rows into L2), 2 (also down), 3 (MoE launch A "
+                "copies the predicted experts' tiles ahead) or 4 (the predictions made, not used)");
     return *e - '0';
   }
 
@@ -815,10 +818,13 @@ class CudaModel {
           pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
           pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
           pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
-          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
-          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
-          pr.down = predict_ >= 2;
-          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+          if (predict_ <= 2) {  // 3, 4: no L2 requests
+            pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+            pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+            pr.down = predict_ == 2;
+          }
+          // 3, 4: the picks are written at every step (launch A reads them at 3); 1, 2: by recording steps only
+          pr.record = recording_ || predict_ >= 3 ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
         }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
@@ -886,6 +892,7 @@ class CudaModel {
         a.inter = int(c.moe_intermediate_size);
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
         if (fused) a.route = &ra;
+        if (predict_ == 3 && f.pred.rows) a.predicted = pred_rec_ + std::int64_t(i) * ops::kMaxTopK;
         a.limit = f.limit;
       } else {
         a.shared_limit = 0.f;  // the dense MLP has no clamp
@@ -990,9 +997,10 @@ class CudaModel {
   std::vector<int> ahead_off_, ahead_n_;
   bool ahead_early_ = false, ahead_lines_ = false;
   int ahead_cols_ = 1;
-  // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows. pred_logits_:
-  // the projections launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks
-  // (predict_step only, recording_).
+  // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows, 3 launch A
+  // copies them ahead, 4 made but not used. pred_logits_: the projections launch's predicted logits; pred_rec_ /
+  // act_rec_: per layer, the predicted and the real picks (predict_step, recording_; pred_rec_ at every step at 3
+  // and 4, where launch A reads it).
   int predict_ = 0;
   bool recording_ = false;
   float* pred_logits_ = nullptr;

@@ -389,6 +389,7 @@ struct MoeArgs {
   int hidden = 0;
   float* act = nullptr;   // [top_k * inter + shared_inter]
   bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
+  int const* predicted = nullptr;       // [top_k] experts guessed ahead, or null (kernels::MoeStep::predicted)
 };
 
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
@@ -455,6 +456,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.shared_limit = a.shared_limit;
   k.pace = kernels::moe_pace_a();
+  k.pred_idx = a.top_k > 0 ? a.predicted : nullptr;
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();

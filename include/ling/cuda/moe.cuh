@@ -75,6 +75,18 @@ struct MoeArgs {
   // tiles land in order (bench/probes/tile_landing; docs/kernels.md "Launch A's routed tiles paced"). The model takes
   // LING_MOE_PACE (moe_pace_a); 0 issues them all at once.
   int pace = kMoePaceA;
+  // [top_k] the experts guessed for this step (MoeStep::predicted; CudaModel's LING_PREDICT=3), or null. The streamed
+  // launch A copies the guessed experts' tiles before its PDL wait and, after the selection, only the tiles it guessed
+  // wrong (moe_gate_up_stream_kernel's kDiag 10). Any values: a wrong, stale or out-of-range guess costs a copy, never
+  // a value.
+  int const* pred_idx = nullptr;
+  // 2: two router rows per router warp's buffer (rows b + 2 j G and b + (2 j + 1) G on warp kW - 1 - j), so that
+  // fewer warps hold one and more can copy their guessed tile before the wait (the guessing instance only; the
+  // launcher sets it where a buffer holds two rows); 1: one row per warp
+  int router_per_warp = 1;
+  // the guessing instance: 0 copies the guessed tiles before the PDL wait, 1 once the block's router rows and input
+  // are in shared memory (LING_PRED_AT; measurements)
+  int pred_late = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -751,6 +763,7 @@ MoeArgs moe_args(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   a.top_k = step.top_k;
   a.routed_limit = step.routed_limit;
   a.shared_limit = step.shared_limit;
+  a.pred_idx = step.predicted;
   return a;
 }
 
@@ -802,6 +815,37 @@ __device__ __forceinline__ std::uint32_t addr_skew(void const* p) {
 __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
   int const b = int(blockIdx.x), g = int(gridDim.x);
   return b < sp.tiles ? (sp.tiles - 1 - b) / g + 1 : 0;
+}
+
+// ---- launch A with the experts guessed ahead (MoeArgs::pred_idx; kDiag 10) ----------------------------------------
+// Routed tile (p, r) of launch A (the p-th guess's row block r) was copied before the PDL wait for the guessed expert
+// pred[p]. After the selection (s_idx, the same in every block) the guesses are read again (final: the launch that
+// wrote them completed before the wait) and each tile is given a real pick: guess p, when it is one of the picks and
+// not a repeat of an earlier guess, keeps its expert and writes that pick's slot of h; the k-th of the other guesses
+// takes the k-th slot whose pick no guess named. Every block computes the same assignment, so every (slot, row block)
+// is written once. Warp-collective (every lane returns the same slot and its expert, s_idx[slot]).
+__device__ __forceinline__ void guessed_slot(int const* pred, int const* s_idx, int top_k, int experts, int p,
+                                             int& slot, int& expert) {
+  int const lane = int(threadIdx.x & 31);
+  int const g = lane < top_k ? __ldcg(pred + lane) : -1;
+  int picked = -1;  // the slot that picks g
+  if (g >= 0 && g < experts)
+    for (int j = 0; j < top_k; ++j) picked = s_idx[j] == g ? j : picked;
+  bool repeat = false;
+  for (int j = 0; j < top_k; ++j) repeat = (__shfl_sync(0xffffffffu, g, j) == g && j < lane) || repeat;
+  bool const hit = lane < top_k && picked >= 0 && !repeat;
+  unsigned const hits = __ballot_sync(0xffffffffu, hit);
+  unsigned const all = top_k >= 32 ? 0xffffffffu : (1u << top_k) - 1u;
+  unsigned const named = __reduce_or_sync(0xffffffffu, hit ? 1u << picked : 0u);
+  int const mine = __shfl_sync(0xffffffffu, picked, p);
+  if ((hits >> p) & 1u) {
+    slot = mine;
+  } else {
+    unsigned free = ~named & all;  // as many free slots as guesses that missed
+    for (int k = __popc(~hits & all & ((1u << p) - 1u)); k > 0; --k) free &= free - 1u;
+    slot = __ffs(int(free)) - 1;
+  }
+  expert = s_idx[slot];
 }
 
 // ---- launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9, a trial; docs/kernels.md "Launch A's routed decode on
@@ -979,6 +1023,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
   constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
+  // the experts guessed ahead (MoeArgs::pred_idx; the launcher checks one tile per warp at most)
+  constexpr bool kPred = kDiag == 10;
   int const q_slots = kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route);
   float* const sx = reinterpret_cast<float*>(q + q_slots);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -1001,8 +1047,9 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
   // the copies of this warp's m-th tile into buffer m % D: lane 0 issues four bulk copies (gate rows, up rows, gate
-  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier
-  auto issue = [&](int m) {
+  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier. ex >= 0: a routed tile's rows
+  // of expert ex instead of its slot's pick (kPred)
+  auto issue = [&](int m, int ex = -1) {
     if (lane != 0) return;
     int const t = tile_of(m);
     unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
@@ -1020,7 +1067,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     } else {
       int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
       std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
-      int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
+      int const e = ex >= 0 ? ex : s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
       s0 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb;
       s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
       s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
@@ -1064,12 +1111,28 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // commit group) into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after
   // the selection; router_rows_in_ring checked that this buffer exists for every router warp)
   bool const rin = a.router.data != nullptr;
-  std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
-  bool const rmine = rin && rrow < a.router.rows;
+  int const rper = kPred && a.router_per_warp == 2 ? 2 : 1;  // router rows per router warp (MoeArgs::router_per_warp)
+  std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * rper * G;
+  bool const rmine = rin && rrow < a.router.rows, rmine2 = rper == 2 && rin && rrow + G < a.router.rows;
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
   if (rmine) router_row_copy(a.router, rrow, rsm);
+  if (rmine2) router_row_copy(a.router, rrow + G, rsm + a.router.ld * 2);
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
+  // kPred: a warp whose one tile is routed and whose buffer holds no router row copies the guessed expert's rows now
+  // (the guess may be stale: the launch that writes it may still run; guessed_slot reads it again after the wait)
+  int early = -1;  // the expert in flight into buffer 0, or -1
+  bool const routed1 = kPred && mine == 1 && tile_of(0) >= sp.shared_tiles;
+  auto issue_guess = [&] {
+    if (routed1 && !rmine) {
+      int const g = __ldcg(a.pred_idx + (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot);
+      if (g >= 0 && g < a.gate.count) {
+        early = g;
+        issue(0, g);
+      }
+    }
+  };
+  if (kPred && !a.pred_late) issue_guess();
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1079,15 +1142,21 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
+  if (kPred && a.pred_late && !rin) issue_guess();
   if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
     cp_async_wait(0);
     __syncthreads();
   } else if (rin) {
     cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
+    if (kPred && a.pred_late) issue_guess();
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
       if (lane == 0) a.router_out[rrow] = v;
+    }
+    if (rmine2) {
+      float const v = router_row_dot(a.router, rsm + a.router.ld * 2, xs);
+      if (lane == 0) a.router_out[rrow + G] = v;
     }
     if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the barrier (a uniform branch)
       __syncthreads();
@@ -1113,6 +1182,23 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
+  // kPred: the tile's real pick (guessed_slot); a wrong early copy is waited for before its buffer is refilled, and
+  // the refill completes the barrier's next phase
+  int gslot = -1, gexp = -1;
+  unsigned gphase = 0u;
+  if constexpr (kPred) {
+    if (routed1) {
+      guessed_slot(a.pred_idx, s_idx, a.top_k, int(a.gate.count), (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot,
+                   gslot, gexp);
+      if (early < 0 || gexp != early) {
+        if (early >= 0) {
+          mbar_wait(bars, 0u);
+          gphase = 1u;
+        }
+        issue(0, gexp < 0 ? 0 : gexp);
+      }
+    }
+  }
   if constexpr (!kPaced) {
     for (int m = pre; m < D && m < mine; ++m) issue(m);
     if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
@@ -1124,7 +1210,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     // kWg: the r-th warpgroup with routed tiles, 4 pace · r cycles (its four tiles together)
     int const r = kWg ? (warp < 4 ? -1 : (warp - 4) >> 2) : warp - first_routed;
     long long const at = clock64() + static_cast<long long>(a.pace) * (kWg ? 4 : 1) * r;
-    if (r <= 0)
+    if (r <= 0 && !kPred)
       for (int m = pre; m < D && m < mine; ++m) issue(m);
     std::uint64_t* const qbar = s_bar + kW * kStreamMaxStages;
     e2m1_tables_store(s_tab);
@@ -1135,7 +1221,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       stage_q8(q, sx, xs, nblk, kXPre);
     }
     mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
-    if (r > 0 && pre < D && pre < mine) {
+    if (r > 0 && pre < D && pre < mine && !kPred) {
       if (lane == 0)
         while (clock64() < at) __nanosleep(20);
       __syncwarp();
@@ -1183,7 +1269,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
-    mbar_wait(bars + m % D, unsigned(m / D) & 1u);  // tile m has landed
+    mbar_wait(bars + m % D, (unsigned(m / D) & 1u) ^ gphase);  // tile m has landed
     if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
     unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
@@ -1208,10 +1294,11 @@ __global__ void __launch_bounds__(kW * 32, 1)
         if (lane == 0) h[std::int64_t(a.top_k) * inter + r0 + i] = swiglu(g, v, a.shared_limit);
       }
     } else {
-      int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
-      std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
+      int const tr = t - sp.shared_tiles, p = tr / sp.tiles_per_slot;
+      std::int64_t const r0 = std::int64_t(tr - p * sp.tiles_per_slot) * R;
       int const nr = int(inter - r0 < R ? inter - r0 : R);
-      int const e = s_idx[s], ee = e < 0 ? 0 : e;
+      int const s = kPred ? gslot : p;  // the slot of h this tile writes
+      int const e = kPred ? gexp : s_idx[p], ee = e < 0 ? 0 : e;
       std::uint8_t const* gsc =
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
@@ -1310,6 +1397,17 @@ inline int moe_pace_a() {
   }();
   return v;
 }
+// The guessing instance's router rows per router warp (MoeArgs::router_per_warp): 2 by default, LING_PRED_ROUTER=1
+// for one (A/B measurements; read at each launch).
+inline int moe_pred_router_per_warp() {
+  char const* e = std::getenv("LING_PRED_ROUTER");
+  return e && *e == '1' ? 1 : 2;
+}
+// The guessing instance's MoeArgs::pred_late: LING_PRED_AT=1 (read at each launch).
+inline int moe_pred_late() {
+  char const* e = std::getenv("LING_PRED_AT");
+  return e && *e == '1' ? 1 : 0;
+}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
@@ -1373,12 +1471,13 @@ inline cudaError_t launch_router_logits(MoeArgs const& a, float const* u, InputP
 // Whether launch A's router rows fit its ring buffers: a row per warp (warps kW - 1, kW - 2, ... take one each) and
 // every router warp with a buffer free before the wait (no early shared-expert tile in it: warp w's early tiles are
 // m < stages with (w + m · warps) · blocks + b < shared tiles, most at b = 0) that holds a row.
-inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks) {
-  if (blocks <= 0 || w.ld * 2 > p.stage_bytes) return false;
+// per: rows per router warp (MoeArgs::router_per_warp; rows j and j + 1 of a block in one buffer).
+inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks, int per = 1) {
+  if (blocks <= 0 || per * w.ld * 2 > p.stage_bytes) return false;
   std::int64_t const rpb = (w.rows + blocks - 1) / blocks;
-  if (rpb > warps) return false;
+  if (rpb > std::int64_t(warps) * per) return false;
   for (std::int64_t j = 0; j < rpb; ++j) {
-    std::int64_t const warp = warps - 1 - j;
+    std::int64_t const warp = warps - 1 - j / per;
     int early = 0;
     for (int m = 0; m < p.stages; ++m) early += (warp + std::int64_t(m) * warps) * blocks < p.shared_tiles ? 1 : 0;
     if (early >= p.stages) return false;
@@ -1394,7 +1493,7 @@ bool router_in_a_fits(Kernel kernel, MoeArgs const& a, StreamPlan const& p, std:
   MatrixArgs const& w = a.router;
   if (!w.data || !a.router_out || !a.grid_bar || w.rows <= 0) return false;
   if (w.ld % 8 != 0 || w.ld > round32(n_stage) || !aligned16(w.data)) return false;
-  if (!router_rows_in_ring(w, p, warps, blocks)) return false;
+  if (!router_rows_in_ring(w, p, warps, blocks, a.router_per_warp)) return false;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) != cudaSuccess) return false;
   return std::int64_t(per_sm) * sm_count() >= blocks;
@@ -1442,7 +1541,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
-    auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1) {  // -1: prologue, stage
+    // -1: prologue, stage; rper: MoeArgs::router_per_warp (2 where it fits, else 1)
+    auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1, int rper = 1) {
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
@@ -1450,13 +1550,27 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         return false;  // 128: the ring's alignment
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
-      if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
+      b.router_per_warp = rper;
+      b.pred_late = a.pred_idx ? moe_pred_late() : 0;
+      if (a.router.data && rper == 2 && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks))
+        b.router_per_warp = 1;
+      if (a.router.data && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks)) {
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};
       }
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
+    // the experts guessed ahead (MoeArgs::pred_idx): where every warp has one tile at most (then one ring stage), on
+    // the default lookup and 16 warps; elsewhere the guess is not read
+    if (a.pred_idx && biased && warps == 16 && a.top_k <= 32) {
+      int const blocks = sp.tiles < sm_count() ? sp.tiles : sm_count();
+      if ((sp.tiles + blocks - 1) / blocks <= 16 &&
+          go(moe_gate_up_stream_kernel<16, true, 10>, 16, -1, -1, moe_pred_router_per_warp())) {
+        ++moe_pred_a_launches();
+        return true;
+      }
+    }
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);

@@ -30,6 +30,13 @@ inline std::atomic<int>& moe_wg_a_launches() {
   return n;
 }
 
+// Launches of MoE launch A's instance with the experts guessed ahead (MoeStep::predicted) in this process: the tests
+// check that it ran, since the launcher runs the default instance where it does not apply.
+inline std::atomic<int>& moe_pred_a_launches() {
+  static std::atomic<int> n{0};
+  return n;
+}
+
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
@@ -55,6 +62,10 @@ struct MoeStep {
   int top_k = 8;
   float routed_limit = 0.f;         // L of the routed experts (0: no clamp)
   float shared_limit = 0.f;         // L of the shared expert
+  // [top_k] experts guessed ahead (device), or null: the streamed launch A copies their tiles before it knows the
+  // picks and, once it does, only the tiles it guessed wrong. Any values (stale, repeated, out of range): a wrong
+  // guess costs a copy, never a value; the outputs are the same bits as without it.
+  int const* predicted = nullptr;
 };
 
 inline constexpr int kMoeMaxTopK = 32;
