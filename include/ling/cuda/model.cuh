@@ -121,7 +121,8 @@ class CudaModel {
   // LING_PREDICT (a probe; docs/kernels.md "The layer's experts predicted from its input"): 0 off, 1 the KDA step's
   // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows, 3 MoE launch A
   // copies the predicted experts' tiles into its shared memory before it knows the picks (MoeStep::predicted), 4 the
-  // predictions made and written, not used (3's cost without its gain).
+  // predictions made and written, not used (3's cost without its gain), 5 launch A guesses itself from the predicted
+  // logits (no look-ahead selection; kernels::MoeArgs::guess_logits) and copies the guessed tiles ahead.
   int predicting() const { return predict_; }
   // LING_PREDICT only: one eager greedy step (as step_greedy, outside the graph) that records, per KDA layer with a
   // MoE, the predicted picks and the router's real ones. hits: real picks that were predicted; picks: all real picks.
@@ -607,10 +608,11 @@ class CudaModel {
   static int predict_env() {
     char const* e = std::getenv("LING_PREDICT");
     if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
-    require(e[1] == '\0' && e[0] >= '1' && e[0] <= '4', ErrorCode::kInvalidArgument,
+    require(e[1] == '\0' && e[0] >= '1' && e[0] <= '5', ErrorCode::kInvalidArgument,
             std::string("LING_PREDICT is '") + e +
                 "': 0 (off), 1 (the predicted experts' gate and up rows into L2), 2 (also down), 3 (MoE launch A "
-                "copies the predicted experts' tiles ahead) or 4 (the predictions made, not used)");
+                "copies the predicted experts' tiles ahead), 4 (the predictions made, not used) or 5 (MoE launch A "
+                "predicts and copies ahead itself)");
     return *e - '0';
   }
 
@@ -811,7 +813,7 @@ class CudaModel {
           ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
           ka.n_ahead = ahead_n_[i];
         }
-        if (predict) {
+        if (predict && predict_ != 5) {  // 5: launch A guesses itself
           FfnL const& f = l.f;
           KdaPredict& pr = ka.predict;
           pr.logits = pred_logits_, pr.bias = f.bias;
@@ -893,6 +895,10 @@ class CudaModel {
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
         if (fused) a.route = &ra;
         if (predict_ == 3 && f.pred.rows) a.predicted = pred_rec_ + std::int64_t(i) * ops::kMaxTopK;
+        if (predict_ == 5 && f.pred.rows) {
+          a.guess_logits = pred_logits_;
+          if (recording_) a.guess_out = pred_rec_ + std::int64_t(i) * ops::kMaxTopK;
+        }
         a.limit = f.limit;
       } else {
         a.shared_limit = 0.f;  // the dense MLP has no clamp
@@ -998,9 +1004,9 @@ class CudaModel {
   bool ahead_early_ = false, ahead_lines_ = false;
   int ahead_cols_ = 1;
   // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows, 3 launch A
-  // copies them ahead, 4 made but not used. pred_logits_: the projections launch's predicted logits; pred_rec_ /
-  // act_rec_: per layer, the predicted and the real picks (predict_step, recording_; pred_rec_ at every step at 3
-  // and 4, where launch A reads it).
+  // copies them ahead, 4 made but not used, 5 launch A guesses and copies ahead itself. pred_logits_: the projections
+  // launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks (predict_step,
+  // recording_; pred_rec_ at every step at 3 and 4, where launch A reads it).
   int predict_ = 0;
   bool recording_ = false;
   float* pred_logits_ = nullptr;

@@ -87,6 +87,11 @@ struct MoeArgs {
   // the guessing instance: 0 copies the guessed tiles before the PDL wait, 1 once the block's router rows and input
   // are in shared memory (LING_PRED_AT; measurements)
   int pred_late = 0;
+  // [route.experts] the guess's logits (the router folded onto the layer's input; CudaModel's LING_PREDICT=5), or
+  // null: the guessing instance guesses itself (guess_experts_warp) once its blocks' router rows have landed, instead
+  // of reading pred_idx; guess_out [top_k]: where one warp writes the guess (the hit rate), or null
+  float const* guess_logits = nullptr;
+  int* guess_out = nullptr;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -823,11 +828,12 @@ __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
 // wrote them completed before the wait) and each tile is given a real pick: guess p, when it is one of the picks and
 // not a repeat of an earlier guess, keeps its expert and writes that pick's slot of h; the k-th of the other guesses
 // takes the k-th slot whose pick no guess named. Every block computes the same assignment, so every (slot, row block)
-// is written once. Warp-collective (every lane returns the same slot and its expert, s_idx[slot]).
-__device__ __forceinline__ void guessed_slot(int const* pred, int const* s_idx, int top_k, int experts, int p,
-                                             int& slot, int& expert) {
+// is written once. Warp-collective: lane k < top_k holds guess k in g; every lane returns the same slot and its expert,
+// s_idx[slot].
+__device__ __forceinline__ void guessed_slot(int g, int const* s_idx, int top_k, int experts, int p, int& slot,
+                                             int& expert) {
   int const lane = int(threadIdx.x & 31);
-  int const g = lane < top_k ? __ldcg(pred + lane) : -1;
+  g = lane < top_k ? g : -1;
   int picked = -1;  // the slot that picks g
   if (g >= 0 && g < experts)
     for (int j = 0; j < top_k; ++j) picked = s_idx[j] == g ? j : picked;
@@ -846,6 +852,66 @@ __device__ __forceinline__ void guessed_slot(int const* pred, int const* s_idx, 
     slot = __ffs(int(free)) - 1;
   }
   expert = s_idx[slot];
+}
+
+// Launch A's own guess (MoeArgs::guess_logits; CudaModel's LING_PREDICT=5): one warp ranks the guess logits as the
+// router ranks its own: score sigmoid(l) + bias (NaN never picked); with groups of whole lanes (a power of two of them:
+// Ling's 64 experts are 4 lanes) each group scored by its two largest, the topk_group best kept; then top_k rounds of
+// a warp maximum (ties: the lower index). Lane l holds experts 16 l .. 16 l + 15 (experts <= 512: the launcher checks).
+// Lane k < top_k returns guess k (-1: none), the others -1. The logits must be complete (read after the PDL wait), so
+// that every block guesses the same.
+__device__ __noinline__ int guess_experts_warp(RouteSel const r, float const* logits) {
+  float const kNone = -__int_as_float(0x7f800000);
+  int const lane = int(threadIdx.x & 31), E = r.experts;
+  float sc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    int const e = 16 * lane + i;
+    float const v = e < E ? router_score(__ldcg(logits + e)) + (r.bias ? r.bias[e] : 0.f) : kNone;
+    sc[i] = v == v ? v : kNone;
+  }
+  int const gs = r.n_group > 0 ? E / r.n_group : E, lpg = gs / 16;
+  if (r.n_group > 1 && r.topk_group < r.n_group && E % r.n_group == 0 && gs % 16 == 0 && (lpg & (lpg - 1)) == 0) {
+    float m1 = kNone, m2 = kNone;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      m2 = fmaxf(m2, fminf(m1, sc[i]));
+      m1 = fmaxf(m1, sc[i]);
+    }
+    for (int o = 1; o < lpg; o <<= 1) {
+      float const a1 = __shfl_xor_sync(0xffffffffu, m1, o), a2 = __shfl_xor_sync(0xffffffffu, m2, o);
+      m2 = fmaxf(fminf(m1, a1), fmaxf(m2, a2));
+      m1 = fmaxf(m1, a1);
+    }
+    float const gsc = m1 + m2;  // the group's score, on each of its lanes
+    int const g = lane / lpg;
+    int rank = 0;
+    for (int h = 0; h < r.n_group; ++h) {
+      float const o = __shfl_sync(0xffffffffu, gsc, (h * lpg) & 31);
+      rank += (o > gsc || (o == gsc && h < g)) ? 1 : 0;
+    }
+    if (g >= r.n_group || rank >= r.topk_group)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) sc[i] = kNone;
+  }
+  int pick = -1;
+  for (int k = 0; k < r.top_k; ++k) {
+    float bv = kNone;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (sc[i] > bv) bv = sc[i], bi = 16 * lane + i;
+    for (int o = 16; o > 0; o >>= 1) {
+      float const ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      int const oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    }
+    if (lane == k) pick = bv > kNone ? bi : -1;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (16 * lane + i == bi) sc[i] = kNone;
+  }
+  return pick;
 }
 
 // ---- launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9, a trial; docs/kernels.md "Launch A's routed decode on
@@ -1119,20 +1185,25 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (rmine2) router_row_copy(a.router, rrow + G, rsm + a.router.ld * 2);
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
-  // kPred: a warp whose one tile is routed and whose buffer holds no router row copies the guessed expert's rows now
-  // (the guess may be stale: the launch that writes it may still run; guessed_slot reads it again after the wait)
+  // kPred: a warp whose one tile is routed (guess p0's rows) and whose buffer holds no router row copies the guessed
+  // expert's rows early: pred_idx's before the wait (it may be stale: the launch that writes it may still run;
+  // guessed_slot reads it again after the wait), or once the block's router rows have landed (pred_late; its own
+  // guess, guess_logits, always then)
   int early = -1;  // the expert in flight into buffer 0, or -1
+  int gpick = -1;  // guess_logits: this lane's guess (lane k: guess k)
   bool const routed1 = kPred && mine == 1 && tile_of(0) >= sp.shared_tiles;
+  int const p0 = routed1 ? (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot : 0;
   auto issue_guess = [&] {
     if (routed1 && !rmine) {
-      int const g = __ldcg(a.pred_idx + (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot);
+      if (a.guess_logits) gpick = guess_experts_warp(a.route, a.guess_logits);
+      int const g = a.guess_logits ? __shfl_sync(0xffffffffu, gpick, p0) : __ldcg(a.pred_idx + p0);
       if (g >= 0 && g < a.gate.count) {
         early = g;
         issue(0, g);
       }
     }
   };
-  if (kPred && !a.pred_late) issue_guess();
+  if (kPred && !a.pred_late && !a.guess_logits) issue_guess();
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1142,14 +1213,14 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
-  if (kPred && a.pred_late && !rin) issue_guess();
+  if (kPred && (a.pred_late || a.guess_logits) && !rin) issue_guess();
   if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
     cp_async_wait(0);
     __syncthreads();
   } else if (rin) {
     cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
-    if (kPred && a.pred_late) issue_guess();
+    if (kPred && (a.pred_late || a.guess_logits)) issue_guess();
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
       if (lane == 0) a.router_out[rrow] = v;
@@ -1188,8 +1259,13 @@ __global__ void __launch_bounds__(kW * 32, 1)
   unsigned gphase = 0u;
   if constexpr (kPred) {
     if (routed1) {
-      guessed_slot(a.pred_idx, s_idx, a.top_k, int(a.gate.count), (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot,
-                   gslot, gexp);
+      if (a.guess_logits && rmine) gpick = guess_experts_warp(a.route, a.guess_logits);  // not guessed before
+      int const g = a.guess_logits                    ? gpick
+                    : int(threadIdx.x & 31) < a.top_k ? __ldcg(a.pred_idx + (threadIdx.x & 31))
+                                                      : -1;
+      if (a.guess_out && tile_of(0) == sp.shared_tiles && int(threadIdx.x & 31) < a.top_k)
+        a.guess_out[threadIdx.x & 31] = g;  // one warp of the grid
+      guessed_slot(g, s_idx, a.top_k, int(a.gate.count), p0, gslot, gexp);
       if (early < 0 || gexp != early) {
         if (early >= 0) {
           mbar_wait(bars, 0u);
@@ -1541,6 +1617,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
+    // launch A's own guess (MoeArgs::guess_logits): from the fused selection's settings, experts <= 512
+    bool const guess_ok = a.guess_logits && a.route.logits && a.route.experts <= 512 && a.route.n_group <= 32;
     // -1: prologue, stage; rper: MoeArgs::router_per_warp (2 where it fits, else 1)
     auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1, int rper = 1) {
       std::size_t smem = 0;
@@ -1552,6 +1630,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       MoeArgs b = a;
       b.router_per_warp = rper;
       b.pred_late = a.pred_idx ? moe_pred_late() : 0;
+      if (!guess_ok) b.guess_logits = nullptr, b.guess_out = nullptr;
       if (a.router.data && rper == 2 && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks))
         b.router_per_warp = 1;
       if (a.router.data && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks)) {
@@ -1563,7 +1642,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     };
     // the experts guessed ahead (MoeArgs::pred_idx): where every warp has one tile at most (then one ring stage), on
     // the default lookup and 16 warps; elsewhere the guess is not read
-    if (a.pred_idx && biased && warps == 16 && a.top_k <= 32) {
+    if ((a.pred_idx || guess_ok) && biased && warps == 16 && a.top_k <= 32) {
       int const blocks = sp.tiles < sm_count() ? sp.tiles : sm_count();
       if ((sp.tiles + blocks - 1) / blocks <= 16 &&
           go(moe_gate_up_stream_kernel<16, true, 10>, 16, -1, -1, moe_pred_router_per_warp())) {
