@@ -1076,6 +1076,9 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
+// kDiag 10 (outputs correct): the experts guessed ahead (MoeArgs::pred_idx / guess_logits; guessed_slot). Measured
+// slower (session 43, H100: 2.87-3.54 against 2.545 ms/token): launch A's selection ends ~6 µs later, behind the
+// SM's early copies in flight (docs/kernels.md "Launch A copies the guessed tiles itself").
 template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
