@@ -24,25 +24,26 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// A reduction over the whole block (warp_reduce within warps, then across the warps' results; lanes past the last
+// warp contribute `identity`); `scratch` holds >= 32 floats. Every thread gets the result.
+template <class WarpReduce>
+__device__ __forceinline__ float block_reduce(float v, float* scratch, WarpReduce warp_reduce, float identity) {
+  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+  v = warp_reduce(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_reduce(lane < nwarps ? scratch[lane] : identity);
+}
 // Sum over the whole block; `scratch` holds >= 32 floats. Every thread gets the result.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = lane < nwarps ? scratch[lane] : 0.f;
-  return warp_sum(t);
+  return block_reduce(
+      v, scratch, [](float x) { return warp_sum(x); }, 0.f);
 }
-// Maximum over the whole block (block_sum's pattern); `scratch` holds >= 32 floats. Every thread gets the result.
+// Maximum over the whole block; `scratch` holds >= 32 floats. Every thread gets the result.
 __device__ __forceinline__ float block_max(float v, float* scratch) {
-  int const lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float t = lane < nwarps ? scratch[lane] : __int_as_float(0xff800000);  // -inf
-  return warp_max(t);
+  return block_reduce(
+      v, scratch, [](float x) { return warp_max(x); }, __int_as_float(0xff800000));  // -inf
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + __expf(-x)); }

@@ -604,7 +604,7 @@ class CudaModel {
     reset();
   }
 
-  // LING_PREDICT: unset or 0 off, 1 to 4 (CudaModel::predicting); anything else is refused, naming the variable.
+  // LING_PREDICT: unset or 0 off, 1 to 5 (CudaModel::predicting); anything else is refused, naming the variable.
   static int predict_env() {
     char const* e = std::getenv("LING_PREDICT");
     if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
@@ -826,7 +826,8 @@ class CudaModel {
             pr.down = predict_ == 2;
           }
           // 3, 4: the picks are written at every step (launch A reads them at 3); 1, 2: by recording steps only
-          pr.record = recording_ || predict_ >= 3 ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+          pr.record =
+              recording_ || predict_ == 3 || predict_ == 4 ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
         }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
