@@ -10,11 +10,13 @@
 //   all, n = 4     every block copies 4 tiles (44 KB per SM, 5.8 MB in all)
 //   all, n = 12    every block copies 12 tiles (132 KB per SM, 17.4 MB: launch A's routed tiles)
 //   half, n = 12   even blocks copy 12 tiles, odd blocks none: the chain on a copying SM and on a quiet one, at once
+//   7 of 8, n = 12 every eighth block copies nothing (launch A split into a few selecting blocks and many copying)
+// Beside the chain, warp 14 copies one 5 KB row of fresh memory (a router row: a DRAM read) and times its landing.
 // Printed per case (40 launches, fresh memory each), medians and 90th percentiles over the blocks: the chain's cycles
-// per load, and the copies' landing (warp 0's wait end) in cycles after the block's issue. If a quiet SM's chain stays
-// near "quiet" while the copying SMs' chains stretch, the waiting is the SM's own, and blocks that copy nothing could
-// run launch A's selection while the others copy.
-// Built as the target load_behind (CUDA builds). It runs in about a second; it needs no model.
+// per load, the row's landing in µs, and the copies' landing (warp 0's wait end) in µs after the block's issue. If a
+// quiet SM's chain stays near "quiet" while the copying SMs' chains stretch, the waiting is the SM's own, and blocks
+// that copy nothing could run launch A's selection while the others copy. Built as the target load_behind (CUDA
+// builds). It runs in about a second; it needs no model.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -32,41 +34,51 @@ namespace {
 using namespace ling::cuda::kernels;
 
 constexpr int kWarps = 16, kMaxCopyWarps = 12, kChain = 16;
-constexpr std::uint32_t kTile = 11008;
+constexpr std::uint32_t kTile = 11008, kRow = 5120;
+constexpr std::size_t kPerBlock = std::size_t(kMaxCopyWarps) * kTile + kRow;
 constexpr std::size_t kChase = 1 << 18;  // ints: 1 MB
 
-// out[3 b]: the chain's cycles; out[3 b + 1]: warp 0's copies landed, cycles after the block's issue (0: none);
-// out[3 b + 2]: whether the block copied
+// out[4 b]: the chain's cycles; out[4 b + 1]: warp 0's copies landed, cycles after the block's issue (0: none);
+// out[4 b + 2]: whether the block copied; out[4 b + 3]: the row's landing, cycles after its issue
 __global__ void __launch_bounds__(kWarps * 32, 1)
-    load_behind(char const* fresh, int const* chase, int ncopy, int half, long long* out, int* sink) {
+    load_behind(char const* fresh, int const* chase, int ncopy, int quiet_every, long long* out, int* sink) {
   extern __shared__ __align__(128) unsigned char tiles[];
-  __shared__ std::uint64_t bars[kMaxCopyWarps];
+  __shared__ std::uint64_t bars[kMaxCopyWarps + 1];
+  __shared__ __align__(128) unsigned char row[kRow];
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31), b = int(blockIdx.x);
-  bool const copies = ncopy > 0 && (!half || (b & 1) == 0);
-  if (lane == 0 && warp < kMaxCopyWarps) mbar_init(bars + warp, 1);
+  bool const copies = ncopy > 0 && (quiet_every == 0 || b % quiet_every != quiet_every - 1);
+  if (lane == 0 && warp <= kMaxCopyWarps) mbar_init(bars + warp, 1);
   mbar_init_fence();
   __syncthreads();
   long long const t0 = clock64();
   if (copies && warp < ncopy && lane == 0) {
     std::uint64_t* const bar = bars + warp;
     mbar_arrive_expect(bar, kTile);
-    bulk_copy(tiles + std::size_t(warp) * kTile, fresh + (std::size_t(b) * kMaxCopyWarps + std::size_t(warp)) * kTile,
-              kTile, bar);
+    bulk_copy(tiles + std::size_t(warp) * kTile, fresh + std::size_t(b) * kPerBlock + std::size_t(warp) * kTile, kTile,
+              bar);
   }
   __syncthreads();  // every copy of the block issued
+  if (warp == kWarps - 2 && lane == 0) {
+    std::uint64_t* const bar = bars + kMaxCopyWarps;
+    long long const s = clock64();
+    mbar_arrive_expect(bar, kRow);
+    bulk_copy(row, fresh + std::size_t(b) * kPerBlock + std::size_t(kMaxCopyWarps) * kTile, kRow, bar);
+    mbar_wait(bar, 0u);
+    out[4 * b + 3] = clock64() - s;
+  }
   if (warp == kWarps - 1) {
     int i = int((std::uint32_t(b) * 2654435761u + std::uint32_t(lane) * 40503u) % kChase);
     long long const s = clock64();
 #pragma unroll 1
     for (int k = 0; k < kChain; ++k) i = __ldcg(chase + i);
     long long const e = clock64();
-    if (lane == 0) out[3 * b] = e - s;
+    if (lane == 0) out[4 * b] = e - s;
     if (i == -1) *sink = i;  // never: keeps the chain
   }
   if (copies && warp < ncopy) mbar_wait(bars + warp, 0u);
   if (warp == 0 && lane == 0) {
-    out[3 * b + 1] = copies ? clock64() - t0 : 0;
-    out[3 * b + 2] = copies ? 1 : 0;
+    out[4 * b + 1] = copies ? clock64() - t0 : 0;
+    out[4 * b + 2] = copies ? 1 : 0;
   }
 }
 
@@ -92,7 +104,7 @@ int main() {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
   int const runs = 40;
-  std::size_t const per_run = std::size_t(sms) * kMaxCopyWarps * kTile;
+  std::size_t const per_run = std::size_t(sms) * kPerBlock;
   char* fresh = nullptr;
   CK(cudaMalloc(&fresh, per_run * runs));
   CK(cudaMemset(fresh, 1, per_run * runs));
@@ -106,36 +118,41 @@ int main() {
   CK(cudaMalloc(&chase, kChase * sizeof(int)));
   CK(cudaMemcpy(chase, cyc.data(), kChase * sizeof(int), cudaMemcpyHostToDevice));
   CK(cudaMalloc(&sink, sizeof(int)));
-  CK(cudaMalloc(&out, std::size_t(3 * sms) * sizeof(long long)));
+  CK(cudaMalloc(&out, std::size_t(4 * sms) * sizeof(long long)));
   std::size_t const smem = std::size_t(kMaxCopyWarps) * kTile;
   CK(cudaFuncSetAttribute(load_behind, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 
   struct Case {
     char const* name;
-    int ncopy, half;
+    int ncopy, quiet_every;
   };
-  std::printf("SM clock %.0f MHz (attribute); cycles per chained 4-byte L2 load, copies' landing in us after issue\n",
-              khz / 1e3);
-  std::printf("%-16s %-8s %10s %10s %12s %12s\n", "case", "blocks", "load p50", "load p90", "landed p50", "landed p90");
-  for (Case const c :
-       {Case{"quiet", 0, 0}, Case{"all, n = 4", 4, 0}, Case{"all, n = 12", 12, 0}, Case{"half, n = 12", 12, 1}}) {
-    std::vector<double> load[2], land;
-    std::vector<long long> h(std::size_t(3 * sms));
+  std::printf(
+      "SM clock %.0f MHz (attribute); cycles per chained 4-byte L2 load; a 5 KB row's and the copies' landing in us "
+      "after issue\n",
+      khz / 1e3);
+  std::printf("%-16s %-8s %10s %10s %10s %10s %12s %12s\n", "case", "blocks", "load p50", "load p90", "row p50",
+              "row p90", "landed p50", "landed p90");
+  for (Case const c : {Case{"quiet", 0, 0}, Case{"all, n = 4", 4, 0}, Case{"all, n = 12", 12, 0},
+                       Case{"half, n = 12", 12, 2}, Case{"7 of 8, n = 12", 12, 8}}) {
+    std::vector<double> load[2], rowt[2], land;
+    std::vector<long long> h(std::size_t(4 * sms));
     for (int r = 0; r < runs; ++r) {
       warm<<<sms, 256>>>(chase, sink);
-      load_behind<<<sms, kWarps * 32, smem>>>(fresh + per_run * std::size_t(r), chase, c.ncopy, c.half, out, sink);
+      load_behind<<<sms, kWarps * 32, smem>>>(fresh + per_run * std::size_t(r), chase, c.ncopy, c.quiet_every, out,
+                                              sink);
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(h.data(), out, h.size() * sizeof(long long), cudaMemcpyDeviceToHost));
       for (int b = 0; b < sms; ++b) {
-        int const cp = int(h[std::size_t(3 * b + 2)]);
-        load[cp].push_back(double(h[std::size_t(3 * b)]) / kChain);
-        if (cp) land.push_back(double(h[std::size_t(3 * b + 1)]) / (khz / 1e3));
+        int const cp = int(h[std::size_t(4 * b + 2)]);
+        load[cp].push_back(double(h[std::size_t(4 * b)]) / kChain);
+        rowt[cp].push_back(double(h[std::size_t(4 * b + 3)]) / (khz / 1e3));
+        if (cp) land.push_back(double(h[std::size_t(4 * b + 1)]) / (khz / 1e3));
       }
     }
     for (int cp = 0; cp < 2; ++cp) {
       if (load[cp].empty()) continue;
-      std::printf("%-16s %-8s %10.0f %10.0f", c.name, cp ? "copying" : "quiet", quantile(load[cp], 0.5),
-                  quantile(load[cp], 0.9));
+      std::printf("%-16s %-8s %10.0f %10.0f %10.2f %10.2f", c.name, cp ? "copying" : "quiet", quantile(load[cp], 0.5),
+                  quantile(load[cp], 0.9), quantile(rowt[cp], 0.5), quantile(rowt[cp], 0.9));
       if (cp) std::printf(" %12.2f %12.2f", quantile(land, 0.5), quantile(land, 0.9));
       std::printf("\n");
     }

@@ -190,7 +190,7 @@ std::string set_env(std::string const& kv) {
 std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant::Mxfp4, quant::Fp8Block> const& w,
                                                           std::vector<int> const& ids, std::vector<float> const& wts,
                                                           std::vector<float> const& x,
-                                                          std::vector<int> const* guess = nullptr) {
+                                                          std::vector<int> const* guess = nullptr, bool split = false) {
   int const top_k = int(ids.size());
   cuda::DeviceBuffer didx(ids.size() * sizeof(int)), dguess(ids.size() * sizeof(int));
   didx.upload(ids.data(), ids.size() * sizeof(int));
@@ -199,7 +199,11 @@ std::pair<std::vector<float>, std::vector<float>> run_moe(cuda::MoeWeights<quant
     dguess.upload(guess->data(), ids.size() * sizeof(int));
   }
   DeviceVec dw(wts), dx(x), dh(static_cast<std::size_t>(w.h_elements(top_k))), dout(x.size());
+  cuda::DeviceBuffer dsync(192);  // the split instance's counter and picks (zero at first use)
+  std::vector<unsigned char> const zero(192, 0);
+  dsync.upload(zero.data(), zero.size());
   cuda::MoeStep step{didx.data<int>(), dw.data(), top_k, 0.f, 0.f, guess ? dguess.data<int>() : nullptr};
+  if (split) step.split_sync = dsync.data<unsigned long long>();
   REQUIRE(cuda::launch_moe(w, step, dx.data(), dh.data(), nullptr, dout.data(), nullptr) == cudaSuccess);
   device_sync();
   return {dh.get(), dout.get()};
@@ -393,7 +397,8 @@ TEST_CASE("moe: launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9) agains
 // output must be the bits of the launch without a guess, whatever the guess: right in the picks' order, right in
 // another order, half right, one expert repeated, out of range and negative, none right. Ling's shape with and without
 // a shared expert (warps with shared tiles beside the guessed ones), and an odd shape (partial tiles, fewer tiles than
-// warps); picks with an out-of-range id (its slot NaN, whoever copies it).
+// warps); picks with an out-of-range id (its slot NaN, whoever copies it). The split instance (MoeStep::split_sync:
+// block 0 reads the picks and publishes them while the others copy and decode their guessed tiles) likewise.
 TEST_CASE("moe: launch A with guessed experts gives the same bits whatever the guess") {
   LING_REQUIRE_GPU();
   setenv("LING_MOE_STREAM", "1", 1);
@@ -433,14 +438,19 @@ TEST_CASE("moe: launch A with guessed experts gives the same bits whatever the g
         std::string guess;
         for (int v : *g) guess += std::to_string(v) + " ";
         CAPTURE(guess);
-        int const before = cuda::moe_pred_a_launches();
-        auto const [h1, o1] = run_moe(w, ids, wts, x, g);
-        CHECK(cuda::moe_pred_a_launches() == before + 1);  // the guessing instance ran
-        REQUIRE(h1.size() == h0.size());
-        CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
-        CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
-        CHECK(std::count_if(h1.begin(), h1.end(), [](float v) { return std::isnan(v); }) ==
-              (ids[1] == 1000 ? sh.inter : 0));
+        for (bool const split : {false, true}) {
+          CAPTURE(split);
+          int const before = cuda::moe_pred_a_launches(), before_split = cuda::moe_split_a_launches();
+          auto const [h1, o1] = run_moe(w, ids, wts, x, g, split);
+          // the guessing instance ran, or the split one
+          CHECK(cuda::moe_pred_a_launches() == before + (split ? 0 : 1));
+          CHECK(cuda::moe_split_a_launches() == before_split + (split ? 1 : 0));
+          REQUIRE(h1.size() == h0.size());
+          CHECK(std::memcmp(h0.data(), h1.data(), h0.size() * sizeof(float)) == 0);
+          CHECK(std::memcmp(o0.data(), o1.data(), o0.size() * sizeof(float)) == 0);
+          CHECK(std::count_if(h1.begin(), h1.end(), [](float v) { return std::isnan(v); }) ==
+                (ids[1] == 1000 ? sh.inter : 0));
+        }
       }
     }
   }

@@ -66,7 +66,17 @@ struct MoeStep {
   // picks and, once it does, only the tiles it guessed wrong. Any values (stale, repeated, out of range): a wrong
   // guess costs a copy, never a value; the outputs are the same bits as without it.
   int const* predicted = nullptr;
+  // With predicted: 192 bytes of device memory, zero at first use and kept for the next launches, that lets launch A
+  // run split (moe.cuh, kDiag 11): a few blocks select (or read idx) and publish the picks here, while every other
+  // block copies and decodes the guessed tiles meanwhile. Null: not split.
+  unsigned long long* split_sync = nullptr;
 };
+
+// Launches of MoE launch A's split instance (MoeStep::split_sync) in this process (the tests check that it ran).
+inline std::atomic<int>& moe_split_a_launches() {
+  static std::atomic<int> n{0};
+  return n;
+}
 
 inline constexpr int kMoeMaxTopK = 32;
 
