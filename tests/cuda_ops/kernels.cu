@@ -77,18 +77,5 @@ cudaError_t launch_select_fast(float const* logits, float const* bias, int exper
   return cudaGetLastError();
 }
 
-// MoE launch A's own guess (kernels::guess_experts_warp) by one warp on given logits: lane k's return value to out[k].
-__global__ void guess_kernel(kernels::RouteSel a, float const* logits, int* out) {
-  int const g = kernels::guess_experts_warp(a, logits);
-  out[threadIdx.x & 31] = g;
-}
-
-cudaError_t launch_guess(float const* logits, float const* bias, int experts, RouterParams const& p, int* out32) {
-  kernels::RouteSel const a{logits,          bias, experts, p.top_k, p.n_group, p.topk_group, p.norm_topk_prob ? 1 : 0,
-                            p.routed_scaling};
-  guess_kernel<<<1, 32>>>(a, logits, out32);
-  return cudaGetLastError();
-}
-
 }  // namespace test
 }  // namespace ling::cuda

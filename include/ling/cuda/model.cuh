@@ -119,11 +119,7 @@ class CudaModel {
   static constexpr int kTraceSlots = 7;
 
   // LING_PREDICT (a probe; docs/kernels.md "The layer's experts predicted from its input"): 0 off, 1 the KDA step's
-  // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows, 3 MoE launch A
-  // copies the predicted experts' tiles into its shared memory before it knows the picks (MoeStep::predicted), 4 the
-  // predictions made and written, not used (3's cost without its gain), 5 launch A guesses itself from the predicted
-  // logits (no look-ahead selection; kernels::MoeArgs::guess_logits) and copies the guessed tiles ahead, 6 the same
-  // with launch A split (MoeArgs::split_sync: a few blocks select while the others copy and decode the guessed tiles).
+  // look-ahead blocks prefetch the predicted experts' gate and up rows into L2, 2 also their down rows.
   int predicting() const { return predict_; }
   // LING_PREDICT only: one eager greedy step (as step_greedy, outside the graph) that records, per KDA layer with a
   // MoE, the predicted picks and the router's real ones. hits: real picks that were predicted; picks: all real picks.
@@ -569,7 +565,6 @@ class CudaModel {
     head_key_ = scratch<unsigned long long>(1);
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
-    if (predict_ == 6) split_sync_ = scratch<unsigned long long>(24);  // launch A split: its counter and picks
     head_counter_ = scratch<unsigned>(1);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
@@ -606,15 +601,13 @@ class CudaModel {
     reset();
   }
 
-  // LING_PREDICT: unset or 0 off, 1 to 6 (CudaModel::predicting); anything else is refused, naming the variable.
+  // LING_PREDICT: unset or 0 off, 1 or 2 (CudaModel::predicting); anything else is refused, naming the variable.
   static int predict_env() {
     char const* e = std::getenv("LING_PREDICT");
     if (!e || !*e || std::strcmp(e, "0") == 0) return 0;
-    require(e[1] == '\0' && e[0] >= '1' && e[0] <= '6', ErrorCode::kInvalidArgument,
+    require(std::strcmp(e, "1") == 0 || std::strcmp(e, "2") == 0, ErrorCode::kInvalidArgument,
             std::string("LING_PREDICT is '") + e +
-                "': 0 (off), 1 (the predicted experts' gate and up rows into L2), 2 (also down), 3 (MoE launch A "
-                "copies the predicted experts' tiles ahead), 4 (the predictions made, not used), 5 (MoE launch A "
-                "predicts and copies ahead itself) or 6 (as 5, launch A split: a few blocks select, the others copy)");
+                "': 0 (off), 1 (the predicted experts' gate and up rows) or 2 (also down)");
     return *e - '0';
   }
 
@@ -815,21 +808,17 @@ class CudaModel {
           ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
           ka.n_ahead = ahead_n_[i];
         }
-        if (predict && predict_ < 5) {  // 5, 6: launch A guesses itself
+        if (predict) {
           FfnL const& f = l.f;
           KdaPredict& pr = ka.predict;
           pr.logits = pred_logits_, pr.bias = f.bias;
           pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
           pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
           pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
-          if (predict_ <= 2) {  // 3, 4: no L2 requests
-            pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
-            pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
-            pr.down = predict_ == 2;
-          }
-          // 3, 4: the picks are written at every step (launch A reads them at 3); 1, 2: by recording steps only
-          pr.record =
-              recording_ || predict_ == 3 || predict_ == 4 ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+          pr.down = predict_ >= 2;
+          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
         }
         if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
@@ -897,12 +886,6 @@ class CudaModel {
         a.inter = int(c.moe_intermediate_size);
         a.sel_idx = sel_idx_, a.sel_w = sel_w_;
         if (fused) a.route = &ra;
-        if (predict_ == 3 && f.pred.rows) a.predicted = pred_rec_ + std::int64_t(i) * ops::kMaxTopK;
-        if (predict_ >= 5 && f.pred.rows) {
-          a.guess_logits = pred_logits_;
-          if (predict_ == 6) a.split_sync = split_sync_;
-          if (recording_) a.guess_out = pred_rec_ + std::int64_t(i) * ops::kMaxTopK;
-        }
         a.limit = f.limit;
       } else {
         a.shared_limit = 0.f;  // the dense MLP has no clamp
@@ -1002,18 +985,14 @@ class CudaModel {
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
-  unsigned long long* split_sync_ =
-      nullptr;  // LING_PREDICT=6: launch A's split instance (kernels::MoeArgs::split_sync)
   // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count
   DeviceBuffer ahead_buf_;
   std::vector<int> ahead_off_, ahead_n_;
   bool ahead_early_ = false, ahead_lines_ = false;
   int ahead_cols_ = 1;
-  // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows, 3 launch A
-  // copies them ahead, 4 made but not used, 5 launch A guesses and copies ahead itself, 6 the same split (a few blocks
-  // select while the others copy and decode the guessed tiles: moe.cuh kDiag 11). pred_logits_: the projections
-  // launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks (predict_step,
-  // recording_; pred_rec_ at every step at 3 and 4, where launch A reads it).
+  // LING_PREDICT (predict_env): 0 off, 1 the predicted experts' gate and up rows, 2 also their down rows. pred_logits_:
+  // the projections launch's predicted logits; pred_rec_ / act_rec_: per layer, the predicted and the real picks
+  // (predict_step only, recording_).
   int predict_ = 0;
   bool recording_ = false;
   float* pred_logits_ = nullptr;

@@ -389,13 +389,6 @@ struct MoeArgs {
   int hidden = 0;
   float* act = nullptr;   // [top_k * inter + shared_inter]
   bool skip_a = false, skip_b = false;  // measurements only (CudaModel's LING_SKIP)
-  int const* predicted = nullptr;       // [top_k] experts guessed ahead, or null (kernels::MoeStep::predicted)
-  // [experts] logits for launch A's own guess (kernels::MoeArgs::guess_logits; with route), or null; guess_out: where
-  // the guess is written (the hit rate), or null
-  float const* guess_logits = nullptr;
-  int* guess_out = nullptr;
-  // with guess_logits: launch A's split instance (kernels::MoeArgs::split_sync: 192 bytes, zero at first use), or null
-  unsigned long long* split_sync = nullptr;
 };
 
 // Routed experts in BF16, block FP8 or MXFP4 (rows of whole 16-byte chunks); shared expert / dense MLP in BF16 or
@@ -462,11 +455,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.shared_limit = a.shared_limit;
   k.pace = kernels::moe_pace_a();
-  k.pred_idx = a.top_k > 0 ? a.predicted : nullptr;
-  if (a.top_k > 0 && a.route) {
-    k.guess_logits = a.guess_logits, k.guess_out = a.guess_out;
-    if (a.guess_logits) k.split_sync = a.split_sync;
-  }
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();

@@ -75,28 +75,6 @@ struct MoeArgs {
   // tiles land in order (bench/probes/tile_landing; docs/kernels.md "Launch A's routed tiles paced"). The model takes
   // LING_MOE_PACE (moe_pace_a); 0 issues them all at once.
   int pace = kMoePaceA;
-  // [top_k] the experts guessed for this step (MoeStep::predicted; CudaModel's LING_PREDICT=3), or null. The streamed
-  // launch A copies the guessed experts' tiles before its PDL wait and, after the selection, only the tiles it guessed
-  // wrong (moe_gate_up_stream_kernel's kDiag 10). Any values: a wrong, stale or out-of-range guess costs a copy, never
-  // a value.
-  int const* pred_idx = nullptr;
-  // 2: two router rows per router warp's buffer (rows b + 2 j G and b + (2 j + 1) G on warp kW - 1 - j), so that
-  // fewer warps hold one and more can copy their guessed tile before the wait (the guessing instance only; the
-  // launcher sets it where a buffer holds two rows); 1: one row per warp
-  int router_per_warp = 1;
-  // the guessing instance: 0 copies the guessed tiles before the PDL wait, 1 once the block's router rows and input
-  // are in shared memory (LING_PRED_AT; measurements)
-  int pred_late = 0;
-  // [route.experts] the guess's logits (the router folded onto the layer's input; CudaModel's LING_PREDICT=5), or
-  // null: the guessing instance guesses itself (guess_experts_warp) once its blocks' router rows have landed, instead
-  // of reading pred_idx; guess_out [top_k]: where one warp writes the guess (the hit rate), or null
-  float const* guess_logits = nullptr;
-  int* guess_out = nullptr;
-  // The split instance (kDiag 11; MoeStep::split): a counter (8 bytes, zero or a multiple of 2^32 at first use) and,
-  // 64 bytes on, kMoeMaxTopK ints where block 0 publishes the picks; null: the split instance does not run. split:
-  // its selecting blocks (blocks 0 .. split - 1), set by the launcher.
-  unsigned long long* split_sync = nullptr;
-  int split = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -151,25 +129,18 @@ __device__ __forceinline__ float router_row_dot(MatrixArgs const& w, unsigned ch
 // (__ldcg).
 // Measured and removed (session 22): an acquire-release fence (fence.acq_rel.gpu, MEMBAR.ALL.GPU) instead of
 // __threadfence()'s MEMBAR.SC.GPU before the atomic, 2.366 / 2.365 against 2.365 / 2.364 ms/token: no effect.
-// The calling thread's arrival as participant `who` of `n` (its earlier global writes and those its block ordered
-// before it, fenced first): the round's end, for grid_wait.
-__device__ __forceinline__ std::uint64_t grid_arrive(unsigned long long* bar, unsigned who, unsigned n) {
-  __threadfence();
-  return grid_round::target(atomicAdd(bar, grid_round::increment(who, n)));
-}
-// Until the counter reaches target (acquire: the participants' writes before their arrival are visible after it).
-__device__ __forceinline__ void grid_wait(unsigned long long* bar, std::uint64_t target) {
-  for (unsigned n = 0;; ++n) {
-    unsigned long long v;
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
-    if (grid_round::reached(v, target)) break;
-    if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
-  }
-}
-// Blocks 0 .. n - 1 of the grid (default: all) meet.
-__device__ __forceinline__ void grid_barrier(unsigned long long* bar, unsigned n = gridDim.x) {
+__device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
   __syncthreads();
-  if (threadIdx.x == 0) grid_wait(bar, grid_arrive(bar, blockIdx.x, n));
+  if (threadIdx.x == 0) {
+    __threadfence();
+    std::uint64_t const target = grid_round::target(atomicAdd(bar, grid_round::increment(blockIdx.x, gridDim.x)));
+    for (unsigned n = 0;; ++n) {
+      unsigned long long v;
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
+      if (grid_round::reached(v, target)) break;
+      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
+    }
+  }
   __syncthreads();
 }
 
@@ -780,8 +751,6 @@ MoeArgs moe_args(MoeWeights<PE, PS> const& w, MoeStep const& step) {
   a.top_k = step.top_k;
   a.routed_limit = step.routed_limit;
   a.shared_limit = step.shared_limit;
-  a.pred_idx = step.predicted;
-  a.split_sync = step.predicted ? step.split_sync : nullptr;
   return a;
 }
 
@@ -833,104 +802,6 @@ __device__ __forceinline__ std::uint32_t addr_skew(void const* p) {
 __device__ __forceinline__ int block_tiles(StreamPlan const& sp) {
   int const b = int(blockIdx.x), g = int(gridDim.x);
   return b < sp.tiles ? (sp.tiles - 1 - b) / g + 1 : 0;
-}
-
-// ---- launch A with the experts guessed ahead (MoeArgs::pred_idx; kDiag 10) ----------------------------------------
-// Routed tile (p, r) of launch A (the p-th guess's row block r) was copied before the PDL wait for the guessed expert
-// pred[p]. After the selection (s_idx, the same in every block) the guesses are read again (final: the launch that
-// wrote them completed before the wait) and each tile is given a real pick: guess p, when it is one of the picks and
-// not a repeat of an earlier guess, keeps its expert and writes that pick's slot of h; the k-th of the other guesses
-// takes the k-th slot whose pick no guess named. Every block computes the same assignment, so every (slot, row block)
-// is written once. Warp-collective: lane k < top_k holds guess k in g; every lane returns the same slot and its expert,
-// s_idx[slot].
-// pick: lane j < top_k holds pick j (the split instance reads them from global memory).
-__device__ __forceinline__ void guessed_slot_picks(int g, int pick, int top_k, int experts, int p, int& slot,
-                                                   int& expert) {
-  int const lane = int(threadIdx.x & 31);
-  g = lane < top_k ? g : -1;
-  int picked = -1;  // the slot that picks g
-  for (int j = 0; j < top_k; ++j) picked = __shfl_sync(0xffffffffu, pick, j) == g ? j : picked;
-  if (g < 0 || g >= experts) picked = -1;
-  bool repeat = false;
-  for (int j = 0; j < top_k; ++j) repeat = (__shfl_sync(0xffffffffu, g, j) == g && j < lane) || repeat;
-  bool const hit = lane < top_k && picked >= 0 && !repeat;
-  unsigned const hits = __ballot_sync(0xffffffffu, hit);
-  unsigned const all = top_k >= 32 ? 0xffffffffu : (1u << top_k) - 1u;
-  unsigned const named = __reduce_or_sync(0xffffffffu, hit ? 1u << picked : 0u);
-  int const mine = __shfl_sync(0xffffffffu, picked, p);
-  if ((hits >> p) & 1u) {
-    slot = mine;
-  } else {
-    unsigned free = ~named & all;  // as many free slots as guesses that missed
-    for (int k = __popc(~hits & all & ((1u << p) - 1u)); k > 0; --k) free &= free - 1u;
-    slot = __ffs(int(free)) - 1;
-  }
-  expert = __shfl_sync(0xffffffffu, pick, slot);
-}
-__device__ __forceinline__ void guessed_slot(int g, int const* s_idx, int top_k, int experts, int p, int& slot,
-                                             int& expert) {
-  int const lane = int(threadIdx.x & 31);
-  guessed_slot_picks(g, lane < top_k ? s_idx[lane] : -1, top_k, experts, p, slot, expert);
-}
-
-// Launch A's own guess (MoeArgs::guess_logits; CudaModel's LING_PREDICT=5): one warp ranks the guess logits as the
-// router ranks its own: score sigmoid(l) + bias (NaN never picked); with groups of whole lanes (a power of two of them:
-// Ling's 64 experts are 4 lanes) each group scored by its two largest, the topk_group best kept; then top_k rounds of
-// a warp maximum (ties: the lower index). Lane l holds experts 16 l .. 16 l + 15 (experts <= 512: the launcher checks).
-// Lane k < top_k returns guess k (-1: none), the others -1. The logits must be complete (read after the PDL wait), so
-// that every block guesses the same.
-__device__ __noinline__ int guess_experts_warp(RouteSel const r, float const* logits) {
-  float const kNone = -__int_as_float(0x7f800000);
-  int const lane = int(threadIdx.x & 31), E = r.experts;
-  float sc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    int const e = 16 * lane + i;
-    float const v = e < E ? router_score(__ldcg(logits + e)) + (r.bias ? r.bias[e] : 0.f) : kNone;
-    sc[i] = v == v ? v : kNone;
-  }
-  int const gs = r.n_group > 0 ? E / r.n_group : E, lpg = gs / 16;
-  if (r.n_group > 1 && r.topk_group < r.n_group && E % r.n_group == 0 && gs % 16 == 0 && (lpg & (lpg - 1)) == 0) {
-    float m1 = kNone, m2 = kNone;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      m2 = fmaxf(m2, fminf(m1, sc[i]));
-      m1 = fmaxf(m1, sc[i]);
-    }
-    for (int o = 1; o < lpg; o <<= 1) {
-      float const a1 = __shfl_xor_sync(0xffffffffu, m1, o), a2 = __shfl_xor_sync(0xffffffffu, m2, o);
-      m2 = fmaxf(fminf(m1, a1), fmaxf(m2, a2));
-      m1 = fmaxf(m1, a1);
-    }
-    float const gsc = m1 + m2;  // the group's score, on each of its lanes
-    int const g = lane / lpg;
-    int rank = 0;
-    for (int h = 0; h < r.n_group; ++h) {
-      float const o = __shfl_sync(0xffffffffu, gsc, (h * lpg) & 31);
-      rank += (o > gsc || (o == gsc && h < g)) ? 1 : 0;
-    }
-    if (g >= r.n_group || rank >= r.topk_group)
-#pragma unroll
-      for (int i = 0; i < 16; ++i) sc[i] = kNone;
-  }
-  int pick = -1;
-  for (int k = 0; k < r.top_k; ++k) {
-    float bv = kNone;
-    int bi = 0x7fffffff;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (sc[i] > bv) bv = sc[i], bi = 16 * lane + i;
-    for (int o = 16; o > 0; o >>= 1) {
-      float const ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      int const oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
-    }
-    if (lane == k) pick = bv > kNone ? bi : -1;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      if (16 * lane + i == bi) sc[i] = kNone;
-  }
-  return pick;
 }
 
 // ---- launch A's routed decode on FP8 wgmma (LING_MOE_DIAG_A=9, a trial; docs/kernels.md "Launch A's routed decode on
@@ -1095,9 +966,6 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // read once for both, 8 DP4A chains; 116 registers), 2.314 against 2.307 ms/token; each warp's first routed tile's
 // copies computed before the PDL wait but for the expert term (48 instead of ~250 SASS instructions between the
 // selection's barrier and the first bulk copy), 2.320 / 2.322 against 2.305 / 2.307 (docs/kernels.md).
-// kDiag 10 (outputs correct): the experts guessed ahead (MoeArgs::pred_idx / guess_logits; guessed_slot). Measured
-// slower (session 43, H100: 2.87-3.54 against 2.545 ms/token): launch A's selection ends ~6 µs later, behind the
-// SM's early copies in flight (docs/kernels.md "Launch A copies the guessed tiles itself").
 template <int kW, bool kBiased, int kDiag = 0>
 __global__ void __launch_bounds__(kW * 32, 1)
     moe_gate_up_stream_kernel(MoeArgs a, float const* __restrict__ u, InputPrologue pro, float* h, StreamPlan sp) {
@@ -1111,10 +979,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
   constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
-  // the experts guessed ahead (MoeArgs::pred_idx; the launcher checks one tile per warp at most)
-  constexpr bool kPred = kDiag == 10;
-  // the split instance (MoeArgs::split_sync, split): blocks that select, blocks that copy the guessed tiles meanwhile
-  constexpr bool kSplit = kDiag == 11;
   int const q_slots = kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route);
   float* const sx = reinterpret_cast<float*>(q + q_slots);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -1136,13 +1000,12 @@ __global__ void __launch_bounds__(kW * 32, 1)
   int const pitch = int(rb) + kWgRowPad;  // kWg: a routed tile's rows one by one, this far apart
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
-  // the copies of this warp's m-th tile (or of tile `tile`, the split instance's own numbering) into buffer m % D:
-  // lane 0 issues four bulk copies (gate rows, up rows, gate scales, up scales; shared-expert or routed) that complete
-  // on the buffer's barrier. ex >= 0: a routed tile's rows of expert ex instead of its slot's pick (kPred, kSplit)
-  auto issue = [&](int m, int ex = -1, int tile = -1) {
+  // the copies of this warp's m-th tile into buffer m % D: lane 0 issues four bulk copies (gate rows, up rows, gate
+  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier
+  auto issue = [&](int m) {
     if (lane != 0) return;
-    int const t = tile >= 0 ? tile : tile_of(m), k = m % D;
-    unsigned char* dst = ring + std::size_t(k) * std::size_t(sp.stage_bytes);
+    int const t = tile_of(m);
+    unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
     char const *s0, *s1, *s2, *s3;
     std::int64_t n01, n23, o1, o2, o3;
     if (t < sp.shared_tiles) {
@@ -1157,7 +1020,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     } else {
       int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
       std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R, nr = inter - r0 < R ? inter - r0 : R;
-      int const e = ex >= 0 ? ex : s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
+      int const e = s_idx[s] < 0 ? 0 : s_idx[s];  // a bad id reads expert 0; its outputs turn NaN below
       s0 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.gate, e)) + r0 * rb;
       s1 = static_cast<char const*>(batch_data<quant::Mxfp4>(a.up, e)) + r0 * rb;
       s2 = static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, e)) + r0 * nblk;
@@ -1166,7 +1029,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       o1 = R * rb, o2 = 2 * R * rb, o3 = 2 * R * rb + scap;
       if constexpr (kWg) {  // each row by itself at `pitch`, the scales after the 2 R rows
         Span16 const c2 = span16(s2, n23), c3 = span16(s3, n23);
-        std::uint64_t* const bar = bars + k;
+        std::uint64_t* const bar = bars + m % D;
         mbar_arrive_expect(bar, std::uint32_t(2 * nr * rb) + c2.bytes + c3.bytes);
         for (std::int64_t i = 0; i < nr; ++i) {
           bulk_copy(dst + i * pitch, s0 + i * rb, std::uint32_t(rb), bar);
@@ -1178,246 +1041,13 @@ __global__ void __launch_bounds__(kW * 32, 1)
       }
     }
     Span16 const c0 = span16(s0, n01), c1 = span16(s1, n01), c2 = span16(s2, n23), c3 = span16(s3, n23);
-    std::uint64_t* const bar = bars + k;
+    std::uint64_t* const bar = bars + m % D;
     mbar_arrive_expect(bar, c0.bytes + c1.bytes + c2.bytes + c3.bytes);
     bulk_copy(dst, c0.src, c0.bytes, bar);
     bulk_copy(dst + o1, c1.src, c1.bytes, bar);
     bulk_copy(dst + o2, c2.src, c2.bytes, bar);
     bulk_copy(dst + o3, c3.src, c3.bytes, bar);
   };
-  std::uint32_t pos_lo = 0, neg_lo = 0;  // the biased lookup's tables (loaded once staged)
-  // The split instance's decode (the default's loop below keeps its own copy of the same code: written through these
-  // lambdas, its SASS changed, session 44; the measured default stays byte-identical).
-  // shared-expert tile t from the buffer at base, into h's shared slot
-  auto decode_shared = [&](unsigned char const* base, int t) {
-    std::int64_t const r0 = std::int64_t(t) * R2;
-    int const nr = int(sinter - r0 < R2 ? sinter - r0 : R2), nc = int(srb / 16);
-    std::int64_t const so = (r0 >> 7) * ncb * 4;
-    float const* gsc =
-        reinterpret_cast<float const*>(base + 2 * R2 * srb + addr_skew(static_cast<char const*>(a.sgate.scales) + so));
-    float const* usc = reinterpret_cast<float const*>(base + 2 * R2 * srb + sscap +
-                                                      addr_skew(static_cast<char const*>(a.sup.scales) + so));
-    for (int i = 0; i < nr; ++i) {
-      uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * srb);
-      uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R2 + i) * srb);
-      float ag = 0.f, au = 0.f;
-      for (int j = lane; j < nc; j += 32) {
-        uint4 const v[2] = {gr[j], ur[j]};
-        float d[2];
-        Fp8Dot::dot<2>(v, xs + xpad(j * 16), d);
-        ag = fmaf(gsc[j >> 3], d[0], ag);
-        au = fmaf(usc[j >> 3], d[1], au);
-      }
-      float const g = warp_sum(ag) * kPostPlain, v = warp_sum(au) * kPostPlain;
-      if (lane == 0) h[std::int64_t(a.top_k) * inter + r0 + i] = swiglu(g, v, a.shared_limit);
-    }
-  };
-  // routed tile t (a row block of slot p) holding expert e's rows (e < 0: a bad id, its outputs NaN) from the buffer
-  // at base: emit(k, row, value) on the lane that holds the row's output, its k-th pass (k < R / (32 / L))
-  auto decode_routed = [&](unsigned char const* base, int t, int p, int e, auto&& emit) {
-    // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
-    int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
-    int const tr = t - sp.shared_tiles;
-    std::int64_t const r0 = std::int64_t(tr - p * sp.tiles_per_slot) * R;
-    int const nr = int(inter - r0 < R ? inter - r0 : R), ee = e < 0 ? 0 : e;
-    std::uint8_t const* gsc =
-        base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
-    std::uint8_t const* usc = base + 2 * R * rb + scap +
-                              addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.up, ee)) + r0 * nblk);
-    for (int i0 = 0; i0 < nr; i0 += 32 / L) {
-      int const i = i0 + sub;
-      float ag = 0.f, au = 0.f;
-      if (i < nr) {
-        uint4 const* gr = reinterpret_cast<uint4 const*>(base + i * rb);
-        uint4 const* ur = reinterpret_cast<uint4 const*>(base + (R + i) * rb);
-        int const jend = kDiag == 1 ? nblk / 2 : kDiag == 2 ? 0 : nblk;
-        for (int j = sl; j < jend; j += L) {
-          float const xsc = sx[j];
-          if constexpr (kBiased) {
-            uint4 const v[2] = {gr[j], ur[j]};
-            int2 d[2];
-            q8u_chunk<2>(v, q + 9 * j, pos_lo, neg_lo, d);
-            ag = fmaf(fmaf(float(d[0].y), kQ8LimbScale, float(d[0].x)), ue8m0_float_sel(gsc[i * nblk + j]) * xsc, ag);
-            au = fmaf(fmaf(float(d[1].y), kQ8LimbScale, float(d[1].x)), ue8m0_float_sel(usc[i * nblk + j]) * xsc, au);
-          } else {
-            uint4 const v[2] = {gr[j], ur[j]};
-            int ap[2] = {0, 0}, an[2] = {0, 0}, bp[2] = {0, 0}, bn[2] = {0, 0};
-            q8_chunk<2>(v, q + q8_slot(8 * j), ap, an, bp, bn);
-            ag = fmaf(fmaf(float(bp[0] - bn[0]), kQ8LimbScale, float(ap[0] - an[0])),
-                      ue8m0_float(gsc[i * nblk + j]) * xsc, ag);
-            au = fmaf(fmaf(float(bp[1] - bn[1]), kQ8LimbScale, float(ap[1] - an[1])),
-                      ue8m0_float(usc[i * nblk + j]) * xsc, au);
-          }
-        }
-      }
-      for (int o = L >> 1; o > 0; o >>= 1) {
-        ag += __shfl_xor_sync(0xffffffffu, ag, o);
-        au += __shfl_xor_sync(0xffffffffu, au, o);
-      }
-      if (i < nr && sl == 0)
-        emit(i0 / (32 / L), r0 + i, swiglu(e < 0 ? __uint_as_float(0x7FC00000u) : ag, au, a.routed_limit));
-    }
-  };
-
-  if constexpr (kSplit) {
-    // ---- the split instance (kDiag 11): blocks 0 .. S - 1 select, the others copy and decode the guessed tiles ----
-    // A copying block's items: q = warp + m kW; q < top_k nrb: routed, its row block bc + (q / top_k) GC of guess
-    // q % top_k (m = 0: the launcher checks top_k nrb <= kW); then its shared-expert tiles bc + k GC. All guesses of a
-    // row block are in one block, which reads the guess once: the slots it gives them (guessed_slot_picks) cover the
-    // row block once, whatever the guess and however stale.
-    int const S = a.split, GC = G - S, tps = sp.tiles_per_slot;
-    unsigned long long* const pub = a.split_sync;
-    int* const picks = reinterpret_cast<int*>(a.split_sync + 8);
-    int const np = 1 + min(GC, tps);  // the picks' round: block 0 and the blocks with routed items
-    __shared__ int s_guess[kMoeMaxTopK];
-    __shared__ unsigned long long s_target;
-    pdl_trigger();
-    trace_mark(a.trace_a, 0);
-    if (lane == 0) {
-      for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
-      mbar_init_fence();
-    }
-    __syncwarp();
-    if (b < S) {  // a selecting block: router rows (router_per_warp per warp, into its ring), no copies
-      bool const rin = a.router.data != nullptr;
-      int const rper = a.router_per_warp;
-      std::int64_t const row0 = (std::int64_t(b) * kW + warp) * rper;
-      int nrow = 0;
-      if (rin) {
-        for (; nrow < rper && row0 + nrow < a.router.rows; ++nrow)
-          router_row_copy(a.router, row0 + nrow, ring + std::size_t(nrow) * std::size_t(a.router.ld) * 2);
-        cp_async_commit();
-      }
-      bool const ahead = b == 0 && a.route.logits && a.route_ahead;
-      RouteAhead ra{};
-      if (ahead) route_ahead_bias(a.route, ra);
-      prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
-      pdl_wait();
-      trace_mark(a.trace_a, 1);
-      if (rin) {
-        stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-        cp_async_wait(0);
-        __syncthreads();
-        for (int j = 0; j < nrow; ++j) {
-          float const v = router_row_dot(a.router, ring + std::size_t(j) * std::size_t(a.router.ld) * 2, xs);
-          if (lane == 0) a.router_out[row0 + j] = v;
-        }
-        if (b != 0) {  // its logits written: it arrives and is done
-          __syncthreads();
-          if (threadIdx.x == 0) (void)grid_arrive(a.grid_bar, unsigned(b), unsigned(S));
-          trace_end(a.trace_a);
-          return;
-        }
-        grid_barrier(a.grid_bar, unsigned(S));
-        if (ahead) route_ahead_logits(a.route, ra);
-      } else {
-        if (b != 0) return;  // (the launcher sets S = 1 without router rows)
-        if (ahead) route_ahead_logits(a.route, ra);
-      }
-      moe_block_routing<true>(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
-      if (int(threadIdx.x) < a.top_k) picks[threadIdx.x] = s_idx[threadIdx.x];
-      __syncthreads();
-      if (threadIdx.x == 0) (void)grid_arrive(pub, 0u, unsigned(np));  // the picks (and sel_idx, sel_w) published
-      trace_mark(a.trace_a, 2);
-      trace_end(a.trace_a);
-      return;
-    }
-    int const bc = b - S;
-    int const nrb = bc < tps ? (tps - 1 - bc) / GC + 1 : 0;
-    int const nsh = bc < sp.shared_tiles ? (sp.shared_tiles - 1 - bc) / GC + 1 : 0;
-    int const nrt = nrb * a.top_k, items = nrt + nsh;
-    int const mine_s = warp < items ? (items - 1 - warp) / kW + 1 : 0;
-    auto item = [&](int m, int& p) {  // item m's tile; p: its guess (routed), else -1
-      int const qi = warp + m * kW;
-      p = qi < nrt ? qi % a.top_k : -1;
-      return qi < nrt ? sp.shared_tiles + p * tps + bc + (qi / a.top_k) * GC : bc + (qi - nrt) * GC;
-    };
-    int p0 = -1;
-    int const t0 = mine_s > 0 ? item(0, p0) : 0;
-    for (int m = p0 >= 0 ? 1 : 0; m < D && m < mine_s; ++m) {  // shared-expert tiles before the guess
-      int p;
-      int const t = item(m, p);
-      issue(m, -1, t);
-    }
-    if (warp == 0 && nrt > 0) {  // the guess: lane k < top_k holds guess k
-      int g = -1;
-      if (a.guess_logits)
-        g = guess_experts_warp(a.route, a.guess_logits);
-      else if (lane < a.top_k)
-        g = __ldcg(a.pred_idx + lane);
-      if (lane < a.top_k) s_guess[lane] = g;
-    }
-    __syncthreads();
-    int early = 0;  // the expert whose rows the routed item's first copy brings (a guess out of range: expert 0's)
-    if (p0 >= 0) {
-      int const g = s_guess[p0];
-      early = g >= 0 && g < int(a.gate.count) ? g : 0;
-      issue(0, early, t0);
-    }
-    prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
-    pdl_wait();
-    trace_mark(a.trace_a, 1);
-    // this block's arrival in the picks' round (after the wait: the launches before it, and their rounds, are done)
-    if (threadIdx.x == 0 && nrb > 0)
-      s_target = grid_round::target(atomicAdd(pub, grid_round::increment(unsigned(bc + 1), unsigned(np))));
-    stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
-    __syncthreads();
-    e2m1_tables_store(s_tab);
-    stage_q8(q, sx, xs, nblk, kXPre);
-    __syncthreads();
-    if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
-    float hold[4] = {0.f, 0.f, 0.f, 0.f};  // the routed item's outputs, by pass
-    for (int m = 0; m < mine_s; ++m) {
-      mbar_wait(bars + m % D, unsigned(m / D) & 1u);
-      int p;
-      int const t = item(m, p);
-      unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
-      if (p < 0) {
-        decode_shared(base, t);
-      } else {
-        decode_routed(base, t, p, early, [&](int k, std::int64_t, float v) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) hold[j] = j == k ? v : hold[j];
-        });
-      }
-      if (m + D < mine_s) {
-        __syncwarp();
-        fence_proxy_async_smem();
-        int pn;
-        int const tn = item(m + D, pn);
-        issue(m + D, -1, tn);
-      }
-    }
-    if (p0 >= 0) {  // the picks, once block 0 has published them; then this tile's slot
-      grid_wait(pub, s_target);
-      int const pick = lane < a.top_k ? __ldcg(picks + lane) : -1;
-      int slot = 0, ex = -1;
-      guessed_slot_picks(lane < a.top_k ? s_guess[lane] : -1, pick, a.top_k, int(a.gate.count), p0, slot, ex);
-      if (a.guess_out && bc == 0 && warp == 0 && lane < a.top_k) a.guess_out[lane] = s_guess[lane];
-      if (a.trace_mid == 0) trace_mark_max(a.trace_a, 2);
-      if (ex >= 0 && ex == early) {  // guessed right: the outputs are in hold
-        int const tr = t0 - sp.shared_tiles;
-        std::int64_t const r0 = std::int64_t(tr % tps) * R;
-        int const nr = int(inter - r0 < R ? inter - r0 : R), L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L;
-        if (lane % L == 0) {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            int const i = k * (32 / L) + sub;
-            if (i < nr) h[std::int64_t(slot) * inter + r0 + i] = hold[k];
-          }
-        }
-      } else {  // copied again for its pick (a bad id: expert 0's rows, its outputs NaN); buffer 0's next fill
-        __syncwarp();
-        fence_proxy_async_smem();
-        issue(0, ex < 0 ? 0 : ex, t0);
-        mbar_wait(bars, unsigned((mine_s - 1) / D + 1) & 1u);
-        decode_routed(ring, t0, p0, ex,
-                      [&](int, std::int64_t row, float v) { h[std::int64_t(slot) * inter + row] = v; });
-      }
-    }
-    trace_end(a.trace_a);
-    return;
-  }
 
   pdl_trigger();
   trace_mark(a.trace_a, 0);
@@ -1434,33 +1064,12 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // commit group) into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after
   // the selection; router_rows_in_ring checked that this buffer exists for every router warp)
   bool const rin = a.router.data != nullptr;
-  int const rper = kPred && a.router_per_warp == 2 ? 2 : 1;  // router rows per router warp (MoeArgs::router_per_warp)
-  std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * rper * G;
-  bool const rmine = rin && rrow < a.router.rows, rmine2 = rper == 2 && rin && rrow + G < a.router.rows;
+  std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
+  bool const rmine = rin && rrow < a.router.rows;
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
   if (rmine) router_row_copy(a.router, rrow, rsm);
-  if (rmine2) router_row_copy(a.router, rrow + G, rsm + a.router.ld * 2);
   if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
-  // kPred: a warp whose one tile is routed (guess p0's rows) and whose buffer holds no router row copies the guessed
-  // expert's rows early: pred_idx's before the wait (it may be stale: the launch that writes it may still run;
-  // guessed_slot reads it again after the wait), or once the block's router rows have landed (pred_late; its own
-  // guess, guess_logits, always then)
-  int early = -1;  // the expert in flight into buffer 0, or -1
-  int gpick = -1;  // guess_logits: this lane's guess (lane k: guess k)
-  bool const routed1 = kPred && mine == 1 && tile_of(0) >= sp.shared_tiles;
-  int const p0 = routed1 ? (tile_of(0) - sp.shared_tiles) / sp.tiles_per_slot : 0;
-  auto issue_guess = [&] {
-    if (routed1 && !rmine) {
-      if (a.guess_logits) gpick = guess_experts_warp(a.route, a.guess_logits);
-      int const g = a.guess_logits ? __shfl_sync(0xffffffffu, gpick, p0) : __ldcg(a.pred_idx + p0);
-      if (g >= 0 && g < a.gate.count) {
-        early = g;
-        issue(0, g);
-      }
-    }
-  };
-  if (kPred && !a.pred_late && !a.guess_logits) issue_guess();
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1470,21 +1079,15 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
-  if (kPred && (a.pred_late || a.guess_logits) && !rin) issue_guess();
   if (kDiag == 4 && rin) {  // measurements only: the router row's copy waited for, no dots, no grid barrier
     cp_async_wait(0);
     __syncthreads();
   } else if (rin) {
     cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
-    if (kPred && (a.pred_late || a.guess_logits)) issue_guess();
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
       if (lane == 0) a.router_out[rrow] = v;
-    }
-    if (rmine2) {
-      float const v = router_row_dot(a.router, rsm + a.router.ld * 2, xs);
-      if (lane == 0) a.router_out[rrow + G] = v;
     }
     if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the barrier (a uniform branch)
       __syncthreads();
@@ -1510,28 +1113,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
-  // kPred: the tile's real pick (guessed_slot); a wrong early copy is waited for before its buffer is refilled, and
-  // the refill completes the barrier's next phase
-  int gslot = -1, gexp = -1;
-  unsigned gphase = 0u;
-  if constexpr (kPred) {
-    if (routed1) {
-      if (a.guess_logits && rmine) gpick = guess_experts_warp(a.route, a.guess_logits);  // not guessed before
-      int const g = a.guess_logits                    ? gpick
-                    : int(threadIdx.x & 31) < a.top_k ? __ldcg(a.pred_idx + (threadIdx.x & 31))
-                                                      : -1;
-      if (a.guess_out && tile_of(0) == sp.shared_tiles && int(threadIdx.x & 31) < a.top_k)
-        a.guess_out[threadIdx.x & 31] = g;  // one warp of the grid
-      guessed_slot(g, s_idx, a.top_k, int(a.gate.count), p0, gslot, gexp);
-      if (early < 0 || gexp != early) {
-        if (early >= 0) {
-          mbar_wait(bars, 0u);
-          gphase = 1u;
-        }
-        issue(0, gexp < 0 ? 0 : gexp);
-      }
-    }
-  }
   if constexpr (!kPaced) {
     for (int m = pre; m < D && m < mine; ++m) issue(m);
     if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
@@ -1543,7 +1124,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     // kWg: the r-th warpgroup with routed tiles, 4 pace · r cycles (its four tiles together)
     int const r = kWg ? (warp < 4 ? -1 : (warp - 4) >> 2) : warp - first_routed;
     long long const at = clock64() + static_cast<long long>(a.pace) * (kWg ? 4 : 1) * r;
-    if (r <= 0 && !kPred)
+    if (r <= 0)
       for (int m = pre; m < D && m < mine; ++m) issue(m);
     std::uint64_t* const qbar = s_bar + kW * kStreamMaxStages;
     e2m1_tables_store(s_tab);
@@ -1554,7 +1135,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       stage_q8(q, sx, xs, nblk, kXPre);
     }
     mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
-    if (r > 0 && pre < D && pre < mine && !kPred) {
+    if (r > 0 && pre < D && pre < mine) {
       if (lane == 0)
         while (clock64() < at) __nanosleep(20);
       __syncwarp();
@@ -1596,11 +1177,13 @@ __global__ void __launch_bounds__(kW * 32, 1)
       return;
     }
   }
+  std::uint32_t pos_lo = 0, neg_lo = 0;
   if constexpr (kBiased) e2m1_tables_load(s_tab, pos_lo, neg_lo);
+
   // lanes per row: 16 when a row's chunks split evenly (Ling: 80 chunks, 5 per lane), so a warp decodes 2 row pairs
   int const L = (nblk % 16 == 0) ? 16 : 32, sub = lane / L, sl = lane % L;
   for (int m = 0; m < mine; ++m) {
-    mbar_wait(bars + m % D, (unsigned(m / D) & 1u) ^ gphase);  // tile m has landed
+    mbar_wait(bars + m % D, unsigned(m / D) & 1u);  // tile m has landed
     if (a.trace_mid == 4 && m == mine - 1) trace_mark_max(a.trace_a, 2);
     int const t = tile_of(m);
     unsigned char const* base = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
@@ -1625,11 +1208,10 @@ __global__ void __launch_bounds__(kW * 32, 1)
         if (lane == 0) h[std::int64_t(a.top_k) * inter + r0 + i] = swiglu(g, v, a.shared_limit);
       }
     } else {
-      int const tr = t - sp.shared_tiles, p = tr / sp.tiles_per_slot;
-      std::int64_t const r0 = std::int64_t(tr - p * sp.tiles_per_slot) * R;
+      int const tr = t - sp.shared_tiles, s = tr / sp.tiles_per_slot;
+      std::int64_t const r0 = std::int64_t(tr - s * sp.tiles_per_slot) * R;
       int const nr = int(inter - r0 < R ? inter - r0 : R);
-      int const s = kPred ? gslot : p;  // the slot of h this tile writes
-      int const e = kPred ? gexp : s_idx[p], ee = e < 0 ? 0 : e;
+      int const e = s_idx[s], ee = e < 0 ? 0 : e;
       std::uint8_t const* gsc =
           base + 2 * R * rb + addr_skew(static_cast<char const*>(batch_scales<quant::Mxfp4>(a.gate, ee)) + r0 * nblk);
       std::uint8_t const* usc = base + 2 * R * rb + scap +
@@ -1728,17 +1310,6 @@ inline int moe_pace_a() {
   }();
   return v;
 }
-// The guessing instance's router rows per router warp (MoeArgs::router_per_warp): 2 by default, LING_PRED_ROUTER=1
-// for one (A/B measurements; read at each launch).
-inline int moe_pred_router_per_warp() {
-  char const* e = std::getenv("LING_PRED_ROUTER");
-  return e && *e == '1' ? 1 : 2;
-}
-// The guessing instance's MoeArgs::pred_late: LING_PRED_AT=1 (read at each launch).
-inline int moe_pred_late() {
-  char const* e = std::getenv("LING_PRED_AT");
-  return e && *e == '1' ? 1 : 0;
-}
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
   static int const v = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
@@ -1802,13 +1373,12 @@ inline cudaError_t launch_router_logits(MoeArgs const& a, float const* u, InputP
 // Whether launch A's router rows fit its ring buffers: a row per warp (warps kW - 1, kW - 2, ... take one each) and
 // every router warp with a buffer free before the wait (no early shared-expert tile in it: warp w's early tiles are
 // m < stages with (w + m · warps) · blocks + b < shared tiles, most at b = 0) that holds a row.
-// per: rows per router warp (MoeArgs::router_per_warp; rows j and j + 1 of a block in one buffer).
-inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks, int per = 1) {
-  if (blocks <= 0 || per * w.ld * 2 > p.stage_bytes) return false;
+inline bool router_rows_in_ring(MatrixArgs const& w, StreamPlan const& p, int warps, int blocks) {
+  if (blocks <= 0 || w.ld * 2 > p.stage_bytes) return false;
   std::int64_t const rpb = (w.rows + blocks - 1) / blocks;
-  if (rpb > std::int64_t(warps) * per) return false;
+  if (rpb > warps) return false;
   for (std::int64_t j = 0; j < rpb; ++j) {
-    std::int64_t const warp = warps - 1 - j / per;
+    std::int64_t const warp = warps - 1 - j;
     int early = 0;
     for (int m = 0; m < p.stages; ++m) early += (warp + std::int64_t(m) * warps) * blocks < p.shared_tiles ? 1 : 0;
     if (early >= p.stages) return false;
@@ -1824,59 +1394,10 @@ bool router_in_a_fits(Kernel kernel, MoeArgs const& a, StreamPlan const& p, std:
   MatrixArgs const& w = a.router;
   if (!w.data || !a.router_out || !a.grid_bar || w.rows <= 0) return false;
   if (w.ld % 8 != 0 || w.ld > round32(n_stage) || !aligned16(w.data)) return false;
-  if (!router_rows_in_ring(w, p, warps, blocks, a.router_per_warp)) return false;
+  if (!router_rows_in_ring(w, p, warps, blocks)) return false;
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) != cudaSuccess) return false;
   return std::int64_t(per_sm) * sm_count() >= blocks;
-}
-
-// The split instance's plan (kDiag 11) on one block of 16 warps per SM: a.split selecting blocks (1 without router
-// rows in launch A; with them, enough for router_per_warp rows per warp in its ring, at most 4), the others copying.
-// It applies where every copying block's routed items fit its first round of warps (top_k row-block guesses each),
-// a routed tile's outputs fit 4 passes, the router rows fit, and every block is resident (the copying blocks wait for
-// block 0's picks). Sets a.split, a.router_per_warp and p's ring; false: it does not apply (nothing launched).
-template <class Kernel>
-bool moe_split_plan(Kernel kernel, MoeArgs& a, StreamPlan& p, std::int64_t prologue, std::int64_t stage,
-                    std::int64_t n_stage, std::size_t& smem, cudaError_t& err) {
-  constexpr int kW = 16;
-  int const G = sm_count(), nblk = int(a.gate.cols / 32);
-  if (a.top_k <= 0 || a.top_k > kW || !a.split_sync || G < 2) return false;
-  if ((nblk % 16 == 0 ? p.rows / 2 : p.rows) > 4) return false;  // decode_routed's passes (hold[4])
-  bool const rin = a.router.data != nullptr;
-  if (rin && (!a.router_out || !a.grid_bar || a.router.rows <= 0 || a.router.ld % 8 != 0 ||
-              a.router.ld > round32(n_stage) || !aligned16(a.router.data)))
-    return false;
-  // the plan with S selecting blocks (the ring's size depends on the copying blocks' items, which depend on S)
-  auto plan = [&](int S, StreamPlan& q) {
-    int const GC = G - S;
-    if (GC < 1) return false;
-    int const nrb = (p.tiles_per_slot + GC - 1) / GC, nsh = (p.shared_tiles + GC - 1) / GC;
-    if (nrb * a.top_k > kW) return false;
-    q = p;
-    q.tiles = G * (nrb * a.top_k + nsh);
-    int blocks = 0;
-    return stream_plan(kernel, kW, q, prologue, stage, smem, blocks, err, 128) && blocks == G;
-  };
-  StreamPlan q;
-  if (!plan(1, q)) return false;
-  if (err != cudaSuccess) return true;
-  int rper = 1, S = 1;
-  if (rin) {
-    std::int64_t const row_bytes = a.router.ld * 2, room = std::int64_t(q.stages) * q.stage_bytes;
-    rper = int(room / row_bytes < 4 ? room / row_bytes : 4);
-    if (rper < 1) return false;
-    S = int((a.router.rows + std::int64_t(kW) * rper - 1) / (std::int64_t(kW) * rper));
-    if (!plan(S, q)) return false;
-    if (err != cudaSuccess) return true;
-    if (std::int64_t(q.stages) * q.stage_bytes < rper * row_bytes) return false;
-  }
-  p.stages = q.stages, p.stage_bytes = q.stage_bytes, p.prologue_bytes = q.prologue_bytes;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kW * 32, smem) != cudaSuccess || per_sm < 1)
-    return false;
-  a.split = S;
-  a.router_per_warp = rper;
-  return true;
 }
 
 // Whether launch A's wgmma instance (LING_MOE_DIAG_A=9) applies on `blocks` blocks of 16 warps: its one shape (2560
@@ -1921,10 +1442,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
     bool const biased = moe_q8u_on();
     int const warps = moe_stream_warps_a();
     // the router rows ride along when they fit (router_in_a_fits); else their own launch goes first
-    // launch A's own guess (MoeArgs::guess_logits): from the fused selection's settings, experts <= 512
-    bool const guess_ok = a.guess_logits && a.route.logits && a.route.experts <= 512 && a.route.n_group <= 32;
-    // -1: prologue, stage; rper: MoeArgs::router_per_warp (2 where it fits, else 1)
-    auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1, int rper = 1) {
+    auto go = [&](auto kernel, int w, std::int64_t pbytes = -1, std::int64_t sbytes = -1) {  // -1: prologue, stage
       std::size_t smem = 0;
       int blocks = 0;
       StreamPlan p = sp;
@@ -1932,42 +1450,13 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         return false;  // 128: the ring's alignment
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
-      b.router_per_warp = rper;
-      b.pred_late = a.pred_idx ? moe_pred_late() : 0;
-      if (!guess_ok) b.guess_logits = nullptr, b.guess_out = nullptr;
-      if (a.router.data && rper == 2 && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks))
-        b.router_per_warp = 1;
-      if (a.router.data && !router_in_a_fits(kernel, b, p, n_stage, w, smem, blocks)) {
+      if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};
       }
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };
-    // the split instance (MoeArgs::split_sync with a guess): where moe_split_plan finds its plan
-    if (a.split_sync && (a.pred_idx || guess_ok) && biased && warps == 16) {
-      auto kernel = moe_gate_up_stream_kernel<16, true, 11>;
-      MoeArgs b = a;
-      if (!guess_ok) b.guess_logits = nullptr, b.guess_out = nullptr;
-      StreamPlan p = sp;
-      std::size_t smem = 0;
-      if (moe_split_plan(kernel, b, p, prologue, stage, n_stage, smem, err)) {
-        if (err == cudaSuccess)
-          err = launch_ex(kernel, dim3(unsigned(sm_count())), dim3(16u * 32u), smem, stream, b, u, pro, h, p);
-        ++moe_split_a_launches();
-        return true;
-      }
-    }
-    // the experts guessed ahead (MoeArgs::pred_idx): where every warp has one tile at most (then one ring stage), on
-    // the default lookup and 16 warps; elsewhere the guess is not read
-    if ((a.pred_idx || guess_ok) && biased && warps == 16 && a.top_k <= 32) {
-      int const blocks = sp.tiles < sm_count() ? sp.tiles : sm_count();
-      if ((sp.tiles + blocks - 1) / blocks <= 16 &&
-          go(moe_gate_up_stream_kernel<16, true, 10>, 16, -1, -1, moe_pred_router_per_warp())) {
-        ++moe_pred_a_launches();
-        return true;
-      }
-    }
     if (int const diag = moe_diag_a(); diag > 0 && warps == 16) {
       if (diag <= 2) {
         if (biased) return diag == 1 ? go(moe_gate_up_stream_kernel<16, true, 1>, 16) : go(moe_gate_up_stream_kernel<16, true, 2>, 16);

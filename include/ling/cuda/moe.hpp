@@ -30,13 +30,6 @@ inline std::atomic<int>& moe_wg_a_launches() {
   return n;
 }
 
-// Launches of MoE launch A's instance with the experts guessed ahead (MoeStep::predicted) in this process: the tests
-// check that it ran, since the launcher runs the default instance where it does not apply.
-inline std::atomic<int>& moe_pred_a_launches() {
-  static std::atomic<int> n{0};
-  return n;
-}
-
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
@@ -62,21 +55,7 @@ struct MoeStep {
   int top_k = 8;
   float routed_limit = 0.f;         // L of the routed experts (0: no clamp)
   float shared_limit = 0.f;         // L of the shared expert
-  // [top_k] experts guessed ahead (device), or null: the streamed launch A copies their tiles before it knows the
-  // picks and, once it does, only the tiles it guessed wrong. Any values (stale, repeated, out of range): a wrong
-  // guess costs a copy, never a value; the outputs are the same bits as without it.
-  int const* predicted = nullptr;
-  // With predicted: 192 bytes of device memory, zero at first use and kept for the next launches, that lets launch A
-  // run split (moe.cuh, kDiag 11): a few blocks select (or read idx) and publish the picks here, while every other
-  // block copies and decodes the guessed tiles meanwhile. Null: not split.
-  unsigned long long* split_sync = nullptr;
 };
-
-// Launches of MoE launch A's split instance (MoeStep::split_sync) in this process (the tests check that it ran).
-inline std::atomic<int>& moe_split_a_launches() {
-  static std::atomic<int> n{0};
-  return n;
-}
 
 inline constexpr int kMoeMaxTopK = 32;
 
