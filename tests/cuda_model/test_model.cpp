@@ -359,6 +359,18 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's 
   unsetenv("LING_MATVEC_PRELOAD");
 }
 
+// The lane kernel with nothing requested before its PDL wait (LING_LANE_LATE=1, a probe: block-FP8 rows of 2560
+// columns, the KDA projections among them) computes the same sums in the same order: the default's bits at
+// Ling-3.0-flash's widths, graph = eager, and the instance ran.
+TEST_CASE("the lane kernel's loads after the PDL wait (LING_LANE_LATE) give the default's bits") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_LANE_LATE");
+  auto const base = flash_base(4250, 3005);
+  int const before = ling::cuda::matvec_lane_late_launches();
+  check_flash_env_variant(base, "LING_LANE_LATE", "1", 4250, 3005, 0.0);
+  CHECK(ling::cuda::matvec_lane_late_launches() > before);
+}
+
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
 // weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
 // after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)
