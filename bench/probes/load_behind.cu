@@ -15,8 +15,10 @@
 // Printed per case (40 launches, fresh memory each), medians and 90th percentiles over the blocks: the chain's cycles
 // per load, the row's landing in µs, and the copies' landing (warp 0's wait end) in µs after the block's issue. If a
 // quiet SM's chain stays near "quiet" while the copying SMs' chains stretch, the waiting is the SM's own, and blocks
-// that copy nothing could run launch A's selection while the others copy. Built as the target load_behind (CUDA
-// builds). It runs in about a second; it needs no model.
+// that copy nothing could run launch A's selection while the others copy. Session 44's answer (H100, docs/kernels.md
+// "Launch A split"): the chain waits as long on a quiet SM as on a copying one (902 against 882 cycles per load, 339
+// with no copies), so the waiting is global; the DRAM row does wait behind its own SM's copies (1.37 against 5.06 µs).
+// Built as the target load_behind (CUDA builds). It runs in about a second; it needs no model.
 #include <cuda_runtime.h>
 
 #include <algorithm>
