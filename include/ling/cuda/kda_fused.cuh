@@ -1,30 +1,32 @@
 #pragma once
 // The KDA mixer of one decode token in one launch per layer (up to o_proj): a head's q, k, v, f, g projection rows and
-// its β row, then its KDA step and the gated head norm, on a cluster of kKdaFusedCluster blocks per head.
+// its β row, then its KDA step, on kKdaFusedSplit blocks per head.
 //
 // Why: every KDA projection row belongs to one head (spec §2, full-rank f/g), and the step of head h needs only head
 // h's rows. The usual step (kda.cuh) runs after the projections launch as a launch of its own, so each KDA layer waits
-// twice for a whole grid (the projections' last row, the step's last block) and o_proj's prologue finishes the gated
-// norm in each of its blocks. Here each cluster moves on as soon as its own head's rows are done.
+// twice for a whole grid (the projections' last row, the step's last block). Here the blocks of a head move on as soon
+// as that head's rows are done.
 //
-// Block c of head h's cluster computes the rows of channels [c·CW, (c+1)·CW) of q, k, v, f and g (CW = K / cluster)
-// and the head's β row (every block, one row), one row per warp task as the lane kernel does (linear.cuh
-// matvec_lane_kernel: the same loads, decoder and sums, so the same projection bits). Its rows of the state (K × CW
+// Block c of head h computes the rows of channels [c·CW, (c+1)·CW) of q, k, v, f and g (CW = K / split) and the
+// head's β row (every block, one row), one row per warp task as the lane kernel does (linear.cuh matvec_lane_kernel:
+// the same loads, decoder and sums, so the same projection bits), 24 warps on one SM. Its rows of the state (K × CW
 // columns, fp32), its conv ring slots and its channel constants land in shared memory by cp.async before the PDL wait
-// (the state and ring only with KdaStepArgs::state_before_wait, as the usual step). Then, through distributed shared
-// memory:
-//   1. each block publishes its channels' q and k (after the conv and SiLU) and decay; after a cluster barrier every
-//      block gathers the head's whole q, k and decay in rank order, so all four compute the same norms;
-//   2. block c updates its state columns (8 warps, lane = column), writes o = S'ᵀq̂ + (k̂·q̂)δ, and publishes Σ o² of
-//      its columns; after a second cluster barrier each adds the four in rank order and writes
-//      o · o_norm · sigmoid(g) · rsqrt(Σo²/K + eps): o_proj's input, so o_proj stages it plainly.
-// A last cluster barrier keeps every block resident until the others have read its shared memory.
+// (the state and ring only with KdaStepArgs::state_before_wait, as the usual step). Then:
+//   1. each block publishes its channels' q and k (after the conv and SiLU) and decay to global memory and counts
+//      itself in on the head's counter (KdaFusedArgs::sync: it only grows, by `split` per step); once the head's four
+//      are in, every block gathers the head's whole q, k and decay in block order, so all four compute the same norms;
+//   2. block c updates its state columns (8 warps, lane = column) and writes o ⊙ o_norm ⊙ sigmoid(g) and the partial
+//      Σ o² of its columns, as the usual step does (KdaStepArgs::out_gate, o_ss): o_proj scales each head
+//      (PrologueKind::kHeadScale).
+// The exchange spins, so the whole grid must be resident at once: one block per SM (768 threads at up to 80
+// registers), heads · split blocks at most the SMs (kda_fused_fits_gpu). A first version exchanged through
+// distributed shared memory in clusters of 4 blocks of 12 warps (2 per SM): its rows took 25 µs against the lane
+// kernel's 15 (H100, docs/performance.md session 45).
 //
 // Where it runs (kda_fused_fits): block-FP8 projections whose rows are whole 16-byte chunks (Ling-3.0-flash's 2560
-// columns, or up to 1024), head_dim a multiple of 16 up to 128, conv kernel 4. CudaModel's LING_KDA_FUSED selects it.
-#include <cooperative_groups.h>
-
+// columns, or up to 1024), head_dim 16, 32, 64 or 128, conv kernel 4. CudaModel's LING_KDA_FUSED selects it.
 #include <cstdint>
+#include <string>
 
 #include "ling/cuda/kda.cuh"
 #include "ling/cuda/linear.cuh"
@@ -32,8 +34,8 @@
 
 namespace ling::cuda {
 
-inline constexpr int kKdaFusedCluster = 4;
-inline constexpr int kKdaFusedWarps = 12;
+inline constexpr int kKdaFusedSplit = 4;
+inline constexpr int kKdaFusedWarps = 24;
 inline constexpr int kKdaFusedThreads = 32 * kKdaFusedWarps;
 inline constexpr int kKdaFusedStateWarps = 8;  // the step's warps: lane = column, warp w takes rows w + 8 j
 inline constexpr int kKdaFusedMaxK = 128;
@@ -44,17 +46,19 @@ struct KdaFusedArgs {
   float const* x = nullptr;             // the residual stream [cols]
   InputPrologue pro;                    // its RMSNorm (input_layernorm)
   KdaStepArgs s;                        // dims, gate, conv_w, a_log, dt_bias, ring, state, position, state_before_wait;
-                                        // s.out_norm_w (o_norm.weight [K]); s.o: the output [P]
-  float eps = 1e-6f;                    // o_norm's eps
+                                        // s.out_norm_w (o_norm.weight [K]); s.o: the output [P] (o ⊙ o_norm ⊙
+                                        // sigmoid(g)); s.o_ss: [H, kda_fused_ss_parts(K)] the Σ o² partials
+  unsigned* sync = nullptr;             // [H] the heads' counters (zero at start; each step adds split to each)
+  float* xch = nullptr;                 // [H, 3K] the exchange: q, k, decay of the head, each block its channels
   unsigned long long* trace = nullptr;  // step timeline region (measurements), or null
 };
 
 // Shared memory of one block, in floats from the dynamic base (every piece 16-byte aligned).
 struct KdaFusedSmem {
-  int xs, st, ring, cw, dtb, onw, res, pub, full, vs, og, red, dl, total;
+  int xs, st, ring, cw, dtb, onw, res, full, vs, og, red, total;
   __host__ __device__ static constexpr int up4(int n) { return (n + 3) & ~3; }
   __host__ __device__ static KdaFusedSmem make(int staged_floats, int K) {
-    int const CW = K / kKdaFusedCluster;
+    int const CW = K / kKdaFusedSplit;
     KdaFusedSmem s{};
     int o = 0;
     s.xs = o, o += up4(staged_floats);
@@ -64,23 +68,27 @@ struct KdaFusedSmem {
     s.dtb = o, o += up4(CW);
     s.onw = o, o += up4(CW);
     s.res = o, o += up4(5 * CW + 1);
-    s.pub = o, o += up4(3 * CW + 1);  // q, k, decay of this block's channels, then its Σ o²
     s.full = o, o += 3 * K;           // the head's q, k, decay
     s.vs = o, o += up4(CW);
     s.og = o, o += up4(CW);
     s.red = o, o += 2 * kKdaFusedStateWarps * 32;
-    s.dl = o, o += 32;
     s.total = o;
     return s;
   }
 };
 
+// Σ o² partials per head of the fused launch: 16-column parts, or one per block where a block has fewer columns.
+__host__ __device__ constexpr int kda_fused_ss_parts(int head_dim) {
+  return head_dim / kKdaFusedSplit < kKdaSsCols ? kKdaFusedSplit : head_dim / kKdaSsCols;
+}
+
 namespace kernels {
 
-__device__ __forceinline__ void cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+__device__ __forceinline__ unsigned ld_acquire_gpu(unsigned const* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // Row of the block's task t (t < 5 CW: matrix t / CW, channel c·CW + t mod CW of head h; t = 5 CW: b's row h).
 __device__ __forceinline__ int kda_fused_row(int t, int CW, int K, int h, int c, std::int64_t& row) {
@@ -100,17 +108,16 @@ __device__ __forceinline__ MatrixArgs kda_fused_matrix(KdaFusedArgs const& a, in
 }
 
 template <int kU, bool kFull>
-__global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFusedArgs a) {
-  namespace cg = cooperative_groups;
+__global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFusedArgs a) {
   using P = quant::Fp8Block;
-  constexpr int R = kKdaFusedConv, C = kKdaFusedCluster, NW = kKdaFusedWarps;
+  constexpr int R = kKdaFusedConv, C = kKdaFusedSplit, NW = kKdaFusedWarps;
   extern __shared__ float4 smem_f4[];
   float* const sm = reinterpret_cast<float*>(smem_f4);
   KdaStepArgs const& s = a.s;
   int const K = s.head_dim, V = K, CW = K / C, H = s.heads;
   std::int64_t const Pw = std::int64_t(H) * K;
   int const tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  int const c = int(blockIdx.x) % C, h = int(blockIdx.x) / C;  // clusters of C consecutive blocks along x
+  int const c = int(blockIdx.x) % C, h = int(blockIdx.x) / C;  // head h: blocks C h .. C h + C - 1
   KdaFusedSmem const L = KdaFusedSmem::make(xs_floats(staged_elems<P>(a.m[0])), K);
   float* const xs = sm + L.xs;
   float* const res = sm + L.res;
@@ -216,10 +223,9 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
   }
   cp_async_wait(0);
   __syncthreads();  // the rows' outputs and every copy, visible to the block
-  trace_mark(a.trace, 2);
 
   // Conv + SiLU of this block's q, k, v channels (raw inputs into the ring), decay from f, the output gate from g.
-  float* const pub = sm + L.pub;
+  float* const pub = a.xch + std::int64_t(h) * 3 * K;  // [3][K]: q, k, decay of the head, each block its CW
   int const slot = int(pos % R);
   if (tid < 3 * CW) {
     int const n = tid / CW, i = tid - n * CW;
@@ -232,7 +238,7 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
     float const xr = res[n * CW + i];
     float const y = kda_conv<R>(w, xr, rg, pos, slot);
     if (n < 2)
-      pub[n * CW + i] = y;
+      pub[n * K + c * CW + i] = y;
     else
       sm[L.vs + i] = y;
     s.ring[std::int64_t(slot) * 3 * Pw + n * Pw + ch0 + i] = xr;  // slot t mod R: not read for position t
@@ -240,20 +246,25 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
     int const i = tid - 3 * CW;
     float const x = res[3 * CW + i] + sm[L.dtb + i];
     float const g = s.safe_gate ? s.lower_bound * dev::sigmoidf_(__expf(alog) * x) : -__expf(alog) * dev::softplusf_(x);
-    pub[2 * CW + i] = __expf(g);
+    pub[2 * K + c * CW + i] = __expf(g);
   } else if (tid < 5 * CW) {
     int const i = tid - 4 * CW;
     sm[L.og + i] = gate_sigmoid(res[4 * CW + i]);
   }
   float const beta = dev::sigmoidf_(res[5 * CW]);
-  cg::cluster_group cluster = cg::this_cluster();
-  cluster.sync();  // 1: every block's q, k, decay
-
-  float* const full = sm + L.full;  // [3][K]: q, k, decay of the head
-  for (int i = tid; i < 3 * K; i += kKdaFusedThreads) {
-    int const n = i / K, k = i - n * K, b = k / CW;
-    full[i] = cluster.map_shared_rank(pub, b)[n * CW + (k - b * CW)];
+  // The exchange: this block's stores, then its count on the head's counter; then the head's other blocks' counts.
+  if (tid < 3 * CW) __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned const old = atomicAdd(a.sync + h, 1u);
+    unsigned const target = (old - old % unsigned(C)) + unsigned(C);
+    while (int(ld_acquire_gpu(a.sync + h) - target) < 0) {
+    }
   }
+  __syncthreads();
+  trace_mark_max(a.trace, 2);
+  float* const full = sm + L.full;  // [3][K]: q, k, decay of the head
+  for (int i = tid; i < 3 * K; i += kKdaFusedThreads) full[i] = __ldcg(pub + i);
   __syncthreads();
 
   // Σq², Σk², Σqk of the head in one fixed order (every warp, every block: the same values).
@@ -290,9 +301,8 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
     red[(kKdaFusedStateWarps + warp) * 32 + lane] = pq;
   }
   __syncthreads();
-  float* const dl = sm + L.dl;
-  float o = 0.f;
-  if (warp == 0) {
+  // Every state warp adds the partials itself (the same order): δ for its pass 2 without another barrier.
+  if (warp < kKdaFusedStateWarps) {
     float kv = 0.f, qv = 0.f;
 #pragma unroll
     for (int w = 0; w < kKdaFusedStateWarps; ++w) {
@@ -300,30 +310,23 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
       qv += red[(kKdaFusedStateWarps + w) * 32 + lane];
     }
     float const d = lane < CW ? beta * (sm[L.vs + lane] - kv) : 0.f;
-    dl[lane] = d;
-    o = lane < CW ? qv + kq * d : 0.f;
-    float const ss = warp_sum(o * o);
-    if (lane == 0) pub[3 * CW] = ss;
-  }
-  cluster.sync();  // 2: every block's Σ o² (and dl, for this block)
-  if (warp == 0) {
-    float tot = 0.f;
+    if (warp == 0) {  // o = S'ᵀq̂ + (k̂·q̂) δ, its gated factors, and the Σ o² partials
+      float const o = lane < CW ? qv + kq * d : 0.f;
+      if (lane < CW) s.o[ch0 + lane] = o * sm[L.onw + lane] * sm[L.og + lane];
+      int const ps = CW < kKdaSsCols ? CW : kKdaSsCols;  // columns per partial (a power of two)
+      float ss = o * o;
+      for (int off = 1; off < ps; off <<= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane < CW && lane % ps == 0) s.o_ss[std::int64_t(h) * kda_fused_ss_parts(K) + (c * CW + lane) / ps] = ss;
+    }
+    // Pass 2: S'' = S' + k̂ δᵀ
+    if (colw) {
 #pragma unroll
-    for (int b = 0; b < C; ++b) tot += cluster.map_shared_rank(pub, b)[3 * CW];
-    float const f = rsqrtf(tot * (1.0f / float(K)) + a.eps);
-    if (lane < CW) s.o[ch0 + lane] = o * sm[L.onw + lane] * sm[L.og + lane] * f;
-  }
-  cluster_arrive();  // this block's reads of the others' shared memory are done
-  // Pass 2: S'' = S' + k̂ δᵀ
-  if (colw) {
-    float const d = dl[lane];
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      int const k = warp + kKdaFusedStateWarps * j;
-      if (k < K) S[std::int64_t(k) * V + lane] = fmaf(full[K + k] * rk, d, sr[j]);
+      for (int j = 0; j < kRows; ++j) {
+        int const k = warp + kKdaFusedStateWarps * j;
+        if (k < K) S[std::int64_t(k) * V + lane] = fmaf(full[K + k] * rk, d, sr[j]);
+      }
     }
   }
-  cluster_wait();  // 3: no block leaves while another may still read its shared memory
   trace_end(a.trace);
 }
 
@@ -332,12 +335,15 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 2) kda_fused_kernel(KdaFused
 // Chunks per lane of the instance for rows of `nchunks` 16-byte chunks (0: none).
 inline int kda_fused_ku(std::int64_t nchunks) { return nchunks == 160 ? 5 : nchunks <= 64 ? 2 : 0; }
 
-// Whether the fused launch takes this layer (else the model runs the projections, the step and o_proj's prologue).
+// Whether the fused launch takes this layer's shapes and buffers (else the model runs the projections, the step and
+// o_proj's prologue).
 inline bool kda_fused_fits(KdaFusedArgs const& a) {
   KdaStepArgs const& s = a.s;
   int const K = s.head_dim;
-  if (s.heads <= 0 || K <= 0 || K > kKdaFusedMaxK || K % (4 * kKdaFusedCluster) != 0) return false;
-  if (s.conv_kernel != kKdaFusedConv || !s.out_norm_w || !s.o || !s.state || !s.ring || !s.position) return false;
+  if (s.heads <= 0 || !(K == 16 || K == 32 || K == 64 || K == 128)) return false;
+  if (s.conv_kernel != kKdaFusedConv || !s.out_norm_w || !s.o || !s.o_ss || !s.state || !s.ring || !s.position ||
+      !a.sync || !a.xch)
+    return false;
   if (reinterpret_cast<std::uintptr_t>(s.state) % 16 || reinterpret_cast<std::uintptr_t>(s.ring) % 16 ||
       reinterpret_cast<std::uintptr_t>(s.conv_w) % 16 || reinterpret_cast<std::uintptr_t>(s.dt_bias) % 16 ||
       reinterpret_cast<std::uintptr_t>(s.out_norm_w) % 16)
@@ -358,43 +364,46 @@ inline std::size_t kda_fused_smem(KdaFusedArgs const& a) {
                  .total);
 }
 
-// Launches the fused mixer (kda_fused_fits must hold; ling::Error otherwise).
-inline void kda_fused(KdaFusedArgs const& a, cudaStream_t st) {
-  require(kda_fused_fits(a), ErrorCode::kInvalidArgument, "kda_fused: the layer does not fit the fused launch");
-  std::size_t const smem = kda_fused_smem(a);
-  auto go = [&](auto kern) {
-    ops::allow_smem(kern, smem);
-    check(kernels::launch_cluster_ex(kern, dim3(unsigned(a.s.heads * kKdaFusedCluster)), dim3(kKdaFusedThreads), smem,
-                                     st, unsigned(kKdaFusedCluster), a),
-          "kda_fused launch");
-  };
+template <class F>
+inline void kda_fused_instance(KdaFusedArgs const& a, F&& f) {
   if (kda_fused_ku(a.m[0].ld / 16) == 5)
-    go(kernels::kda_fused_kernel<5, true>);
+    f(kernels::kda_fused_kernel<5, true>);
   else
-    go(kernels::kda_fused_kernel<2, false>);
-  check_launch("kda_fused");
+    f(kernels::kda_fused_kernel<2, false>);
 }
 
-// Clusters of the fused launch that fit the GPU at once (the heads need that many to run in one wave), or 0.
-inline int kda_fused_max_clusters(KdaFusedArgs const& a) {
+// Blocks of the fused launch this GPU holds at once (occupancy × SMs). The blocks of a head wait for each other, so
+// the launch needs heads · split of them resident together.
+inline int kda_fused_resident(KdaFusedArgs const& a) {
   std::size_t const smem = kda_fused_smem(a);
-  auto kern = kernels::kda_fused_kernel<5, true>;
-  ops::allow_smem(kern, smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(unsigned(a.s.heads * kKdaFusedCluster));
-  cfg.blockDim = dim3(kKdaFusedThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kKdaFusedCluster, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+  int per_sm = 0;
+  kda_fused_instance(a, [&](auto kern) {
+    ops::allow_smem(kern, smem);
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kKdaFusedThreads, smem) != cudaSuccess) {
+      (void)cudaGetLastError();
+      per_sm = 0;
+    }
+  });
+  return per_sm * kernels::sm_count();
+}
+
+// Whether the whole grid fits this GPU at once (kda_fused_fits too: the model's test before it launches).
+inline bool kda_fused_fits_gpu(KdaFusedArgs const& a) {
+  return kda_fused_fits(a) && a.s.heads * kKdaFusedSplit <= kda_fused_resident(a);
+}
+
+// Launches the fused mixer (kda_fused_fits_gpu must hold; ling::Error otherwise).
+inline void kda_fused(KdaFusedArgs const& a, cudaStream_t st) {
+  require(kda_fused_fits(a), ErrorCode::kInvalidArgument, "kda_fused: the layer does not fit the fused launch");
+  require(a.s.heads * kKdaFusedSplit <= kda_fused_resident(a), ErrorCode::kUnsupported,
+          "kda_fused: " + std::to_string(a.s.heads * kKdaFusedSplit) + " blocks do not fit this GPU at once");
+  std::size_t const smem = kda_fused_smem(a);
+  kda_fused_instance(a, [&](auto kern) {
+    ops::allow_smem(kern, smem);
+    check(kernels::launch_ex(kern, dim3(unsigned(a.s.heads * kKdaFusedSplit)), dim3(kKdaFusedThreads), smem, st, a),
+          "kda_fused launch");
+  });
+  check_launch("kda_fused");
 }
 
 }  // namespace ling::cuda

@@ -531,7 +531,8 @@ class CudaModel {
     x_ = scratch<float>(D);
     xq_ = scratch<float>(P), xk_ = scratch<float>(P), xv_ = scratch<float>(P), xf_ = scratch<float>(P), xg_ = scratch<float>(P);
     xb_ = scratch<float>(H), o_ = scratch<float>(P);
-    o_ss_ = scratch<float>(H * kda_ss_parts(int(c.head_dim)));
+    o_ss_ = scratch<float>(H * std::max(kda_ss_parts(int(c.head_dim)), kda_fused_ss_parts(int(c.head_dim))));
+    kda_xch_ = scratch<float>(3 * P);
     mq_ = scratch<float>(Hm * c.qk_head_dim());
     mqa_ = scratch<float>(c.q_lora_rank ? *c.q_lora_rank : 1);
     mkv_ = scratch<float>(L);
@@ -567,6 +568,7 @@ class CudaModel {
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
     head_counter_ = scratch<unsigned>(1);
+    kda_sync_ = scratch<unsigned>(H);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
@@ -798,17 +800,19 @@ class CudaModel {
           ks.conv_kernel = int(c.short_conv_kernel_size);
           ks.safe_gate = c.kda_safe_gate, ks.lower_bound = float(c.kda_lower_bound);
           ks.conv_w = l.k.conv_w, ks.a_log = l.k.a_log, ks.dt_bias = l.k.dt_bias, ks.out_norm_w = l.k.o_norm;
-          ks.ring = l.k.ring, ks.state = l.k.state, ks.o = o_, ks.position = pos_dev_;
+          ks.ring = l.k.ring, ks.state = l.k.state, ks.o = o_, ks.o_ss = o_ss_, ks.position = pos_dev_;
+          fa.sync = kda_sync_, fa.xch = kda_xch_;
           ks.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
-          fa.eps = float(c.rms_norm_eps);
           // the KDA step's region (slot 1): the launch is the mixer up to o_proj, and slot 1 marks a KDA layer
           fa.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
-          if (same && kda_fused_fits(fa)) {
+          if (same && kda_fused_fits_gpu(fa)) {
             if (!skipped("kproj")) kda_fused(fa, st);
             ++kda_fused_launches();
             trace_at(i, 2);
-            ops::PrologueArgs po{ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f};
+            int const hd = int(c.head_dim);
+            ops::PrologueArgs po{ops::Prologue::kHeadScale, nullptr, nullptr, hd, float(c.rms_norm_eps)};
             po.flags = prologue_flags();
+            po.head_ss = o_ss_, po.ss_parts = kda_fused_ss_parts(hd);
             if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
             fused = true;
           }
@@ -1015,6 +1019,8 @@ class CudaModel {
   float* final_norm_ = nullptr;
   std::vector<Layer> layers_;
   float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
+  float* kda_xch_ = nullptr;      // the fused KDA launch's exchange (KdaFusedArgs::xch)
+  unsigned* kda_sync_ = nullptr;  // its per-head counters (KdaFusedArgs::sync), zeroed by reset()
   float* o_ss_ = nullptr;  // the KDA step's partial Σ o² per head (KdaStepArgs::o_ss) for o_proj's gated head norm
   float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
   float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
