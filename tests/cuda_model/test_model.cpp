@@ -360,18 +360,6 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's 
   unsetenv("LING_MATVEC_PRELOAD");
 }
 
-// The lane kernel with nothing requested before its PDL wait (LING_LANE_LATE=1, a probe: block-FP8 rows of 2560
-// columns, the KDA projections among them) computes the same sums in the same order: the default's bits at
-// Ling-3.0-flash's widths, graph = eager, and the instance ran.
-TEST_CASE("the lane kernel's loads after the PDL wait (LING_LANE_LATE) give the default's bits") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_LANE_LATE");
-  auto const base = flash_base(4250, 3005);
-  int const before = ling::cuda::matvec_lane_late_launches();
-  check_flash_env_variant(base, "LING_LANE_LATE", "1", 4250, 3005, 0.0);
-  CHECK(ling::cuda::matvec_lane_late_launches() > before);
-}
-
 // The KDA mixer in one launch (LING_KDA_FUSED=1, kda_fused.cuh: a head's projections and its step on 4 blocks that
 // exchange q, k and decay through global memory). Its projection rows are the lane kernel's sums, but the head's norms
 // are summed in another order than the usual step's, so within 1e-3 of the default (not equal) at

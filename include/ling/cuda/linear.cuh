@@ -1020,10 +1020,7 @@ __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& 
 
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-// kLate (measurements, LING_LANE_LATE=1; block FP8 at 32 kU = 160 chunks only): nothing is requested before the PDL
-// wait, neither the first row nor the second row's L2 prefetch, so that the launch before it (MoE launch B, before
-// the KDA projections) has the memory system to itself (docs/performance.md, session 44's next step 1).
-template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps, bool kLate = false>
+template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
@@ -1044,12 +1041,9 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   int ci = 0;  // matrix of task t; tasks only grow, so it only moves forward
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
-    if constexpr (!kLate) lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
+    lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  pipe_prologue<P>(a, x, pro, xs, kOne || kLate ? a.task_begin[a.count] : t + stride);
-  if constexpr (kLate) {
-    if (t < total) lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
-  }
+  pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
   unsigned long long best = 0;           // argmax (am.key): this warp's largest key
@@ -1225,9 +1219,6 @@ inline int matvec_lane_one_warps(std::int64_t total) {
   if (total <= two * kWarps) return 0;
   return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
 }
-// LING_LANE_LATE=1: block-FP8 rows of 160 chunks on matvec_lane_kernel's kLate instance (measurements; the same
-// bits); read at each launch.
-inline bool matvec_lane_late() { return env_on("LING_LANE_LATE"); }
 // LING_MATVEC_ROW_LANE=0: row FP8 (the LM head) on matvec_kernel instead of matvec_lane_kernel (A/B; the same bits);
 // read at each launch.
 inline bool matvec_row_lane_enabled() {
@@ -1261,16 +1252,9 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       if (ku == 2)
         return full ? go(matvec_lane_kernel<K, 2, 3, true>, smem, am)
                     : go(matvec_lane_kernel<K, 2, 3, false>, smem, am);
-      if (ku == 5) {
-        if constexpr (!kRow) {
-          if (full && matvec_lane_late()) {
-            ++matvec_lane_late_launches();
-            return go(matvec_lane_kernel<K, 5, 3, true, kWarps, true>, smem, am);
-          }
-        }
+      if (ku == 5)
         return full ? go(matvec_lane_kernel<K, 5, 3, true>, smem, am)
                     : go(matvec_lane_kernel<K, 5, 3, false>, smem, am);
-      }
       return full ? go(matvec_lane_kernel<K, 8, 2, true>, smem, am) : go(matvec_lane_kernel<K, 8, 2, false>, smem, am);
     }
   }

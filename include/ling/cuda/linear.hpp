@@ -302,11 +302,6 @@ inline std::atomic<int>& matvec_preload_launches() {
   static std::atomic<int> n{0};
   return n;
 }
-// Launches of matvec_lane_kernel's kLate instance (LING_LANE_LATE=1) in this process (the tests check that it ran).
-inline std::atomic<int>& matvec_lane_late_launches() {
-  static std::atomic<int> n{0};
-  return n;
-}
 
 // The same (FP8-block only, cols a whole number of 128-column blocks) on FP8 wgmma, the weights streamed by tensor-map
 // copies (matvec_wg.cuh), with an input prologue and a residual (added at the outputs' offsets, may alias y).
