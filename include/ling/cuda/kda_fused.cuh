@@ -9,9 +9,10 @@
 //
 // Block c of head h computes the rows of channels [c·CW, (c+1)·CW) of q, k, v, f and g (CW = K / split) and the
 // head's β row (every block, one row), one row per warp task as the lane kernel does (linear.cuh matvec_lane_kernel:
-// the same loads, decoder and sums, so the same projection bits), 24 warps on one SM. Its rows of the state (K × CW
-// columns, fp32), its conv ring slots and its channel constants land in shared memory by cp.async before the PDL wait
-// (the state and ring only with KdaStepArgs::state_before_wait, as the usual step). Then:
+// the same loads, decoder and sums, so the same projection bits), 24 warps on one SM. Its channel constants land in
+// shared memory by cp.async before the PDL wait; its rows of the state (K × CW columns, fp32) and its conv ring slots
+// after the input's staging, in flight with the rows (before the wait, KdaFusedArgs::early, the blocks left their
+// wait up to 8 µs late on the H100: the copies queued behind the launch before). Then:
 //   1. each block publishes its channels' q and k (after the conv and SiLU) and decay to global memory and counts
 //      itself in on the head's counter (KdaFusedArgs::sync: it only grows, by `split` per step); once the head's four
 //      are in, every block gathers the head's whole q, k and decay in block order, so all four compute the same norms;
@@ -21,7 +22,8 @@
 // The exchange spins, so the whole grid must be resident at once: one block per SM (768 threads at up to 80
 // registers), heads · split blocks at most the SMs (kda_fused_fits_gpu). A first version exchanged through
 // distributed shared memory in clusters of 4 blocks of 12 warps (2 per SM): its rows took 25 µs against the lane
-// kernel's 15 (H100, docs/performance.md session 45).
+// kernel's 15 (H100, docs/performance.md session 45). The exchange's counters and the step's state loops follow the
+// acquire/release pattern and rolled loops (the code after the exchange runs cold once per launch).
 //
 // Where it runs (kda_fused_fits): block-FP8 projections whose rows are whole 16-byte chunks (Ling-3.0-flash's 2560
 // columns, or up to 1024), head_dim 16, 32, 64 or 128, conv kernel 4. CudaModel's LING_KDA_FUSED selects it.
@@ -40,6 +42,7 @@ inline constexpr int kKdaFusedThreads = 32 * kKdaFusedWarps;
 inline constexpr int kKdaFusedStateWarps = 8;  // the step's warps: lane = column, warp w takes rows w + 8 j
 inline constexpr int kKdaFusedMaxK = 128;
 inline constexpr int kKdaFusedConv = 4;
+inline constexpr int kKdaFusedSyncStride = 32;  // unsigned counters per head: one 128-byte line each
 
 struct KdaFusedArgs {
   MatrixArgs m[6];                      // q, k, v, f, g ([P, cols]) and b ([H, cols]): block FP8, one ld
@@ -48,7 +51,11 @@ struct KdaFusedArgs {
   KdaStepArgs s;                        // dims, gate, conv_w, a_log, dt_bias, ring, state, position, state_before_wait;
                                         // s.out_norm_w (o_norm.weight [K]); s.o: the output [P] (o ⊙ o_norm ⊙
                                         // sigmoid(g)); s.o_ss: [H, kda_fused_ss_parts(K)] the Σ o² partials
-  unsigned* sync = nullptr;             // [H] the heads' counters (zero at start; each step adds split to each)
+  unsigned* sync = nullptr;  // [H, kKdaFusedSyncStride] the heads' counters (zero at start; each step adds split)
+  // measurements (CudaModel's LING_KDA_FUSED_EARLY, _MID): early, the state's copies before the PDL wait (with
+  // s.state_before_wait) instead of after the staging; mid, the trace's midpoint: 0 the exchange done, 1 the head's
+  // q, k, decay loaded, 2 the state's partials summed
+  int early = 0, mid = 0;
   float* xch = nullptr;                 // [H, 3K] the exchange: q, k, decay of the head, each block its channels
   unsigned long long* trace = nullptr;  // step timeline region (measurements), or null
 };
@@ -83,6 +90,12 @@ __host__ __device__ constexpr int kda_fused_ss_parts(int head_dim) {
 }
 
 namespace kernels {
+
+__device__ __forceinline__ unsigned atom_add_release_gpu(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 
 __device__ __forceinline__ unsigned ld_acquire_gpu(unsigned const* p) {
   unsigned v;
@@ -169,24 +182,23 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFused
     }
   };
   std::int64_t pos = 0;
-  if (s.state_before_wait) {
-    load_state();
-    pos = *s.position;
-  }
+  bool const early = s.state_before_wait && a.early;
+  if (early) load_state();
+  if (s.state_before_wait) pos = *s.position;
   cp_async_commit();
   prologue_prefetch(a.pro, a.m[0].cols);
   pdl_wait();
   trace_mark(a.trace, 1);
-  if (!s.state_before_wait) {
-    load_state();
-    cp_async_commit();
-    pos = *s.position;
-  }
+  if (!s.state_before_wait) pos = *s.position;
   // a copy: stage_input's out-of-line path takes the prologue by reference, which would put the whole parameter block
   // on the stack
   InputPrologue const pro = a.pro;
   stage_input(xs, a.x, a.m[0].cols, staged_elems<P>(a.m[0]), pro);
   __syncthreads();
+  if (!early) {  // the state's copies in flight with the rows
+    load_state();
+    cp_async_commit();
+  }
 
   // The rows: two register sets in turn, the row after next into L2.
   float const* const xl = xs + xpad(16 * lane);
@@ -252,20 +264,22 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFused
     sm[L.og + i] = gate_sigmoid(res[4 * CW + i]);
   }
   float const beta = dev::sigmoidf_(res[5 * CW]);
-  // The exchange: this block's stores, then its count on the head's counter; then the head's other blocks' counts.
-  if (tid < 3 * CW) __threadfence();
+  // The exchange: this block's stores, then its count on the head's counter (a release: the barrier orders every
+  // thread's stores before it); then the head's other blocks' counts (an acquire, then the barrier for the block).
   __syncthreads();
   if (tid == 0) {
-    unsigned const old = atomicAdd(a.sync + h, 1u);
+    unsigned* const cnt = a.sync + std::int64_t(h) * kKdaFusedSyncStride;
+    unsigned const old = atom_add_release_gpu(cnt, 1u);
     unsigned const target = (old - old % unsigned(C)) + unsigned(C);
-    while (int(ld_acquire_gpu(a.sync + h) - target) < 0) {
+    while (int(ld_acquire_gpu(cnt) - target) < 0) {
     }
   }
   __syncthreads();
-  trace_mark_max(a.trace, 2);
+  if (a.mid == 0) trace_mark_max(a.trace, 2);
   float* const full = sm + L.full;  // [3][K]: q, k, decay of the head
   for (int i = tid; i < 3 * K; i += kKdaFusedThreads) full[i] = __ldcg(pub + i);
   __syncthreads();
+  if (a.mid == 1) trace_mark_max(a.trace, 2);
 
   // Σq², Σk², Σqk of the head in one fixed order (every warp, every block: the same values).
   float sq = 0.f, sk = 0.f, skq = 0.f;
@@ -280,19 +294,18 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFused
   float const rk = rsqrtf(sk + 1e-6f);
   float const kq = skq * rq * rk;
 
-  // Pass 1: S' = decay ⊙ S (rows), kept in registers; partial S'ᵀk̂ and S'ᵀq̂ of this warp's rows.
-  constexpr int kRows = kKdaFusedMaxK / kKdaFusedStateWarps;
+  // Pass 1: S' = decay ⊙ S (rows), back into shared memory; partial S'ᵀk̂ and S'ᵀq̂ of this warp's rows. Rolled
+  // loops: this code runs cold once per launch, so its size is its fetch time.
   bool const colw = warp < kKdaFusedStateWarps && lane < CW;
-  float sr[kRows];
+  float* const st = sm + L.st;
   float pk = 0.f, pq = 0.f;
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    int const k = warp + kKdaFusedStateWarps * j;
-    sr[j] = 0.f;
-    if (colw && k < K) {
-      sr[j] = sm[L.st + k * CW + lane] * full[2 * K + k];
-      pk = fmaf(sr[j], full[K + k] * rk, pk);
-      pq = fmaf(sr[j], full[k] * rq, pq);
+  if (colw) {
+#pragma unroll 4
+    for (int k = warp; k < K; k += kKdaFusedStateWarps) {
+      float const v = st[k * CW + lane] * full[2 * K + k];
+      st[k * CW + lane] = v;
+      pk = fmaf(v, full[K + k] * rk, pk);
+      pq = fmaf(v, full[k] * rq, pq);
     }
   }
   float* const red = sm + L.red;
@@ -311,6 +324,7 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFused
     }
     float const d = lane < CW ? beta * (sm[L.vs + lane] - kv) : 0.f;
     if (warp == 0) {  // o = S'ᵀq̂ + (k̂·q̂) δ, its gated factors, and the Σ o² partials
+      if (a.mid == 2) trace_mark_max(a.trace, 2);
       float const o = lane < CW ? qv + kq * d : 0.f;
       if (lane < CW) s.o[ch0 + lane] = o * sm[L.onw + lane] * sm[L.og + lane];
       int const ps = CW < kKdaSsCols ? CW : kKdaSsCols;  // columns per partial (a power of two)
@@ -320,11 +334,9 @@ __global__ void __launch_bounds__(kKdaFusedThreads, 1) kda_fused_kernel(KdaFused
     }
     // Pass 2: S'' = S' + k̂ δᵀ
     if (colw) {
-#pragma unroll
-      for (int j = 0; j < kRows; ++j) {
-        int const k = warp + kKdaFusedStateWarps * j;
-        if (k < K) S[std::int64_t(k) * V + lane] = fmaf(full[K + k] * rk, d, sr[j]);
-      }
+#pragma unroll 4
+      for (int k = warp; k < K; k += kKdaFusedStateWarps)
+        S[std::int64_t(k) * V + lane] = fmaf(full[K + k] * rk, d, st[k * CW + lane]);
     }
   }
   trace_end(a.trace);

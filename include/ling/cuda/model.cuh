@@ -568,7 +568,7 @@ class CudaModel {
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
     head_counter_ = scratch<unsigned>(1);
-    kda_sync_ = scratch<unsigned>(H);
+    kda_sync_ = scratch<unsigned>(H * kKdaFusedSyncStride);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
@@ -802,6 +802,7 @@ class CudaModel {
           ks.conv_w = l.k.conv_w, ks.a_log = l.k.a_log, ks.dt_bias = l.k.dt_bias, ks.out_norm_w = l.k.o_norm;
           ks.ring = l.k.ring, ks.state = l.k.state, ks.o = o_, ks.o_ss = o_ss_, ks.position = pos_dev_;
           fa.sync = kda_sync_, fa.xch = kda_xch_;
+          fa.early = env_int("LING_KDA_FUSED_EARLY", 0), fa.mid = env_int("LING_KDA_FUSED_MID", 0);
           ks.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
           // the KDA step's region (slot 1): the launch is the mixer up to o_proj, and slot 1 marks a KDA layer
           fa.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
