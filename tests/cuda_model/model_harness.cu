@@ -152,11 +152,4 @@ std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, st
   return bad;
 }
 
-int kda_fused_resident(int head_dim, std::int64_t cols) {
-  ling::cuda::KdaFusedArgs a;
-  a.s.heads = 1, a.s.head_dim = head_dim;
-  a.m[0].rows = head_dim, a.m[0].cols = cols, a.m[0].ld = cols;
-  return ling::cuda::kda_fused_resident(a);
-}
-
 }  // namespace ling::test_gpu

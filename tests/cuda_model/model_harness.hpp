@@ -34,8 +34,4 @@ PredictCount checkpoint_predict_count(std::string const& dir, std::vector<std::i
 // (block FP8: the tile scales and the E4M3 codes) over the three formats.
 std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, std::uint64_t seed);
 
-// Blocks of the fused KDA mixer (kda_fused.cuh) this GPU holds at once, for heads of head_dim and rows of cols
-// block-FP8 columns; the launch needs heads · 4 of them.
-int kda_fused_resident(int head_dim, std::int64_t cols);
-
 }  // namespace ling::test_gpu

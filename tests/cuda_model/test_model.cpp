@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include "ling/cuda/kda.hpp"
 #include "ling/cuda/linear.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "ling/cuda/session.hpp"
@@ -358,32 +357,6 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's 
     CHECK(ling::cuda::matvec_preload_launches() > b);
   }
   unsetenv("LING_MATVEC_PRELOAD");
-}
-
-// The KDA mixer in one launch (LING_KDA_FUSED=1, kda_fused.cuh: a head's projections and its step on 4 blocks that
-// exchange q, k and decay through global memory). Its projection rows are the lane kernel's sums, but the head's norms
-// are summed in another order than the usual step's, so within 1e-3 of the default (not equal) at
-// Ling-3.0-flash's widths over 8 steps (the conv ring wraps twice), graph = eager bit for bit (the state and ring
-// loaded before the wait, and after it); and the CPU model on the block-FP8 checkpoints (head_dim 16, 64 columns: the
-// ragged instance). The model counts the fused launches, so a layer that silently took the usual launches fails.
-TEST_CASE("the KDA mixer in one launch (LING_KDA_FUSED): within 1e-3 of the usual launches, and the CPU model") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_KDA_FUSED");
-  int const resident = ling::test_gpu::kda_fused_resident(128, 2560);
-  MESSAGE("blocks of the fused KDA launch at Ling-3.0-flash's widths this GPU holds at once: " << resident);
-  REQUIRE(resident >= 128);
-  auto const base = flash_base(4251, 3006);
-  int const before = ling::cuda::kda_fused_launches();
-  check_flash_env_variant(base, "LING_KDA_FUSED", "1", 4251, 3006, 1e-3);
-  CHECK(ling::cuda::kda_fused_launches() > before);
-  setenv("LING_KDA_FUSED", "1", 1);
-  for (char const* n : {"ling-a-fp8", "ling-a-fp4"}) {
-    CAPTURE(n);
-    int const b = ling::cuda::kda_fused_launches();
-    compare(n, 23, 12, {4096, false, true});
-    CHECK(ling::cuda::kda_fused_launches() > b);
-  }
-  unsetenv("LING_KDA_FUSED");
 }
 
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE

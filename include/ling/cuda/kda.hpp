@@ -7,7 +7,6 @@
 // Device layouts: state S [H, K, V] fp32 (as cpu::KdaState::s). The conv history is a ring of conv_kernel slots
 // [conv_kernel, 3P] (q channels, then k, then v): slot (t mod conv_kernel) holds the raw input a(t); a zero ring is a
 // fresh stream. (cpu::KdaState keeps [conv_kernel-1, P] per q/k/v, oldest first: kda_ring_from_windows converts.)
-#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -37,13 +36,6 @@ struct KdaPredict {
   bool down = false;
   int* record = nullptr;  // [top_k]: the predicted picks, in order (measurements: the hit rate), or null
 };
-
-// Fused KDA mixers (kda_fused.cuh; CudaModel's LING_KDA_FUSED=1) the model enqueued in this process: the tests
-// check that the fused launch ran, since a layer that does not fit it takes the usual launches.
-inline std::atomic<int>& kda_fused_launches() {
-  static std::atomic<int> n{0};
-  return n;
-}
 
 struct KdaStepArgs {
   int heads = 0, head_dim = 0, conv_kernel = 4;

@@ -19,7 +19,6 @@
 
 #include "ling/cuda/embedding.cuh"
 #include "ling/cuda/kda.cuh"
-#include "ling/cuda/kda_fused.cuh"
 #include "ling/cuda/mla.cuh"
 #include "ling/cuda/model.hpp"
 #include "ling/cuda/model_ops.cuh"
@@ -531,8 +530,7 @@ class CudaModel {
     x_ = scratch<float>(D);
     xq_ = scratch<float>(P), xk_ = scratch<float>(P), xv_ = scratch<float>(P), xf_ = scratch<float>(P), xg_ = scratch<float>(P);
     xb_ = scratch<float>(H), o_ = scratch<float>(P);
-    o_ss_ = scratch<float>(H * std::max(kda_ss_parts(int(c.head_dim)), kda_fused_ss_parts(int(c.head_dim))));
-    kda_xch_ = scratch<float>(3 * P);
+    o_ss_ = scratch<float>(H * kda_ss_parts(int(c.head_dim)));
     mq_ = scratch<float>(Hm * c.qk_head_dim());
     mqa_ = scratch<float>(c.q_lora_rank ? *c.q_lora_rank : 1);
     mkv_ = scratch<float>(L);
@@ -568,7 +566,6 @@ class CudaModel {
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
     head_counter_ = scratch<unsigned>(1);
-    kda_sync_ = scratch<unsigned>(H * kKdaFusedSyncStride);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
@@ -736,10 +733,6 @@ class CudaModel {
     return on;
   }
 
-  // LING_KDA_FUSED=1: a KDA layer's projections, step and gated head norm in one launch, a cluster of blocks per head
-  // (kda_fused.cuh), where the layer fits it; read at each enqueue (graph capture), so one process can run both.
-  static bool kda_fused_on() { return env_on("LING_KDA_FUSED"); }
-
   // LING_KDA_EARLY=0: the KDA step loads its state after its PDL wait even in the replayed graph (A/B).
   static bool kda_state_early_env() {
     static bool const on = !env_off("LING_KDA_EARLY");
@@ -784,94 +777,58 @@ class CudaModel {
       if (!l.mla) {
         // LING_PREDICT: the predictor rows join the projections (ops::matvec leaves out a matrix of 0 rows)
         bool const predict = l.f.pred.rows > 0;
-        bool fused = false;
-        if (!predict && kda_fused_on()) {  // the mixer up to o_proj in one launch (kda_fused.cuh), where it fits
-          KdaFusedArgs fa;
-          ModelMatrix const* const pm[6] = {&l.k.q, &l.k.k, &l.k.v, &l.k.f, &l.k.g, &l.k.b};
-          bool same = true;
-          for (int j = 0; j < 6; ++j) {
-            same = same && pm[j]->format == MatFormat::kFp8Block && ops::fast_rows(*pm[j]);
-            fa.m[j] = ops::matrix_args(*pm[j]);
-          }
-          fa.x = x_;
-          fa.pro = norm_pa(l.in_norm);
-          KdaStepArgs& ks = fa.s;
-          ks.heads = int(c.num_attention_heads), ks.head_dim = int(c.head_dim);
-          ks.conv_kernel = int(c.short_conv_kernel_size);
-          ks.safe_gate = c.kda_safe_gate, ks.lower_bound = float(c.kda_lower_bound);
-          ks.conv_w = l.k.conv_w, ks.a_log = l.k.a_log, ks.dt_bias = l.k.dt_bias, ks.out_norm_w = l.k.o_norm;
-          ks.ring = l.k.ring, ks.state = l.k.state, ks.o = o_, ks.o_ss = o_ss_, ks.position = pos_dev_;
-          fa.sync = kda_sync_, fa.xch = kda_xch_;
-          fa.early = env_int("LING_KDA_FUSED_EARLY", 0), fa.mid = env_int("LING_KDA_FUSED_MID", 0);
-          ks.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
-          // the KDA step's region (slot 1): the launch is the mixer up to o_proj, and slot 1 marks a KDA layer
-          fa.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
-          if (same && kda_fused_fits_gpu(fa)) {
-            if (!skipped("kproj")) kda_fused(fa, st);
-            ++kda_fused_launches();
-            trace_at(i, 2);
-            int const hd = int(c.head_dim);
-            ops::PrologueArgs po{ops::Prologue::kHeadScale, nullptr, nullptr, hd, float(c.rms_norm_eps)};
-            po.flags = prologue_flags();
-            po.head_ss = o_ss_, po.ss_parts = kda_fused_ss_parts(hd);
-            if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
-            fused = true;
-          }
+        if (!skipped("kproj")) {
+          ops::matvec(st, x_, norm_pa(l.in_norm),
+                      {{&l.k.q, xq_},
+                       {&l.k.k, xk_},
+                       {&l.k.v, xv_},
+                       {&l.k.f, xf_},
+                       {&l.k.g, xg_},
+                       {&l.k.b, xb_},
+                       {&l.f.pred, pred_logits_}});
         }
-        if (!fused) {
-          if (!skipped("kproj")) {
-            ops::matvec(st, x_, norm_pa(l.in_norm),
-                        {{&l.k.q, xq_},
-                         {&l.k.k, xk_},
-                         {&l.k.v, xv_},
-                         {&l.k.f, xf_},
-                         {&l.k.g, xg_},
-                         {&l.k.b, xb_},
-                         {&l.f.pred, pred_logits_}});
-          }
-          KdaStepArgs ka;
-          ka.heads = int(c.num_attention_heads);
-          ka.head_dim = int(c.head_dim);
-          ka.conv_kernel = int(c.short_conv_kernel_size);
-          ka.safe_gate = c.kda_safe_gate;
-          ka.lower_bound = float(c.kda_lower_bound);
-          ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
-          ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
-          ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
-          ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
-          bool const gated = ka.o_ss && kda_gate_on();
-          if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
-          // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
-          ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
-          ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
-          // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
-          ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
-          if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
-            ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
-            ka.n_ahead = ahead_n_[i];
-          }
-          if (predict) {
-            FfnL const& f = l.f;
-            KdaPredict& pr = ka.predict;
-            pr.logits = pred_logits_, pr.bias = f.bias;
-            pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
-            pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
-            pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
-            pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
-            pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
-            pr.down = predict_ >= 2;
-            pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
-          }
-          if (!skipped("kstep")) kda_step(ka, st);
-          trace_at(i, 2);
-          int const hd = int(c.head_dim);
-          float const eps = float(c.rms_norm_eps);
-          ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
-                                       : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
-          po.flags = prologue_flags();
-          if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
-          if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
+        KdaStepArgs ka;
+        ka.heads = int(c.num_attention_heads);
+        ka.head_dim = int(c.head_dim);
+        ka.conv_kernel = int(c.short_conv_kernel_size);
+        ka.safe_gate = c.kda_safe_gate;
+        ka.lower_bound = float(c.kda_lower_bound);
+        ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
+        ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
+        ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
+        ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
+        bool const gated = ka.o_ss && kda_gate_on();
+        if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
+        // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
+        ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
+        ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+        // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
+        ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
+        if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
+          ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
+          ka.n_ahead = ahead_n_[i];
         }
+        if (predict) {
+          FfnL const& f = l.f;
+          KdaPredict& pr = ka.predict;
+          pr.logits = pred_logits_, pr.bias = f.bias;
+          pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
+          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
+          pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
+          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+          pr.down = predict_ >= 2;
+          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+        }
+        if (!skipped("kstep")) kda_step(ka, st);
+        trace_at(i, 2);
+        int const hd = int(c.head_dim);
+        float const eps = float(c.rms_norm_eps);
+        ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
+                                     : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
+        po.flags = prologue_flags();
+        if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
+        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
           ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
@@ -1020,8 +977,6 @@ class CudaModel {
   float* final_norm_ = nullptr;
   std::vector<Layer> layers_;
   float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
-  float* kda_xch_ = nullptr;      // the fused KDA launch's exchange (KdaFusedArgs::xch)
-  unsigned* kda_sync_ = nullptr;  // its per-head counters (KdaFusedArgs::sync), zeroed by reset()
   float* o_ss_ = nullptr;  // the KDA step's partial Σ o² per head (KdaStepArgs::o_ss) for o_proj's gated head norm
   float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
   float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
