@@ -349,11 +349,6 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's 
   int const before = ling::cuda::matvec_preload_launches();
   check_flash_env_variant(base, "LING_MATVEC_PRELOAD", "1", 4247, 3002, 0.0);
   CHECK(ling::cuda::matvec_preload_launches() > before);
-  // the KDA step's late trigger (LING_KDA_LATE_TRIGGER: o_proj's copies start once the step has passed its wait) moves
-  // no value either
-  setenv("LING_KDA_LATE_TRIGGER", "1", 1);
-  check_flash_env_variant(base, "LING_MATVEC_PRELOAD", "1", 4247, 3002, 0.0);
-  unsetenv("LING_KDA_LATE_TRIGGER");
   setenv("LING_MATVEC_PRELOAD", "1", 1);
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);

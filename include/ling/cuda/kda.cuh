@@ -35,9 +35,8 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
   int const h = blockIdx.x, s = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   int const nwarps = kKdaThreads / 32;
   int const v0 = s * kKdaCols;
-  if (!a.trigger_after_wait) ops::pdl_trigger();
+  ops::pdl_trigger();
   ops::pdl_wait();
-  if (a.trigger_after_wait) ops::pdl_trigger();
   std::int64_t const t = *a.position;
   int const slot = int(t % R);
   // Conv + SiLU for the head's q and k channels; the slice's v channels. Slice 0 records q/k inputs in the ring.
@@ -253,7 +252,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   int const c = h * K + (qk ? tid : 0);
   bool const vv = tid < kKdaFastCols && v0 + tid < V;  // thread tid < 16 makes v[v0 + tid]
   int const cv = h * V + (vv ? v0 + tid : 0);
-  if (!a.trigger_after_wait) ops::pdl_trigger();
+  ops::pdl_trigger();
   ops::trace_mark(a.trace, 0);
   // Weights only before the wait (no earlier kernel writes them).
   float wq[R], wk[R], wv[R];
@@ -294,7 +293,6 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
   };
   if (a.state_before_wait) load_state();
   ops::pdl_wait();
-  if (a.trigger_after_wait) ops::pdl_trigger();
   ops::trace_mark(a.trace, 1);
   if (!a.state_before_wait) load_state();
   float const xq = qk ? a.x_q[c] : 0.f, xk = qk ? a.x_k[c] : 0.f, fx = qk ? a.f[c] : 0.f, xv = vv ? a.x_v[cv] : 0.f;

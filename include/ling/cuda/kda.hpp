@@ -67,10 +67,6 @@ struct KdaStepArgs {
   // decode graph: the previous step of this layer is in an earlier graph launch, which completes before this one
   // starts). Consecutive steps launched back to back on one stream must leave it false.
   bool state_before_wait = false;
-  // true: the step's blocks let the next launch start (griddepcontrol.launch_dependents) only after their PDL wait, not
-  // at entry. For a next launch that copies its weights as soon as it is resident (the preloaded o_proj,
-  // LING_MATVEC_PRELOAD): its copies then run during the step, not beside the projections in front of it.
-  bool trigger_after_wait = false;
   unsigned long long* trace = nullptr;     // step timeline region (measurements), or null
   // Look-ahead (a probe: CudaModel's LING_AHEAD; measured slower in session 42, docs/kernels.md): n_ahead ranges (a
   // device array) that ahead_cols extra columns of blocks request into L2 by bulk prefetches, in pieces of 64 KB (or

@@ -1105,7 +1105,10 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
 // while the producer still runs; after the wait it stages the input and computes from shared memory. Fits matrices of
 // up to ~100 KB of rows per SM (o_proj: 20 rows x 4 KB); the launcher refuses larger ones. Opt-in
 // (LING_MATVEC_PRELOAD=1 in the model): measured slower (H200, 2026-12-01: o_proj 6.95 against 5.30 µs, 3.095 against
-// 3.021 ms/token), because the producers still fill the register file, so these blocks are not resident early.
+// 3.021 ms/token; H100, 2026-12-06, with the scales in shared memory: 2.713 against 2.526). The blocks do enter early
+// (sessions 39 and 46); what loses is the part after the wait: 16 warps re-read x from shared memory for every row
+// (~410 KB of shared-memory reads per SM for o_proj, ~1.8 µs at 128 bytes a cycle), and their blocks' end is ~4 µs
+// after the staging (docs/kernels.md).
 inline constexpr int kPreloadThreads = 512, kPreloadWarps = kPreloadThreads / 32;
 inline constexpr std::size_t kPreloadMaxRowBytes = 112 * 1024;  // the slice of rows a block may hold
 

@@ -801,8 +801,6 @@ class CudaModel {
         if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
         // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
         ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
-        // LING_KDA_LATE_TRIGGER=1 (with LING_MATVEC_PRELOAD=1, an A/B): o_proj's preload copies during the step
-        ka.trigger_after_wait = env_on("LING_KDA_LATE_TRIGGER");
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
         ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
