@@ -95,7 +95,12 @@ if [ $SANITIZE = 1 ]; then
     local t1 rc n; t1=$(date +%s); n=$(basename "$2")
     # LING_SANITIZER: the tests skip their speed checks; LING_SANITIZE_ARGS: arguments for every executable (doctest's
     # filters, e.g. --test-case=..., when one executable is selected)
-    (cd tests && LING_SANITIZER=$1 timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$1" --error-exitcode 9 \
+    # racecheck leaves out the random-weight fill kernels (no shared memory; watched, they took the host's 125 GB within
+    # a minute at Ling-3.0-flash's widths, session 46); the flash-width cases run 2 steps instead of 8
+    local -a x=()
+    [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
+    (cd tests && LING_SANITIZER=$1 LING_TEST_FLASH_STEPS=${LING_TEST_FLASH_STEPS:-2} timeout "${LING_SANITIZE_TIMEOUT:-300}" \
+        compute-sanitizer --tool "$1" "${x[@]}" --error-exitcode 9 \
         "$ROOT/$2" ${LING_SANITIZE_ARGS:-} >"$OUT/san-$1-$n.log" 2>&1)
     rc=$?  # before any command substitution, which would set $? itself
     echo "$rc $(( $(date +%s) - t1 ))" >"$OUT/san-$1-$n.rc"
