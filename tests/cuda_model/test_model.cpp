@@ -219,9 +219,8 @@ void check_flash_variant(ling::test_gpu::FlashSteps const& graph, ling::test_gpu
 }
 
 std::string flash_cfg() { return std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json"; }
-// Steps of the Ling-3.0-flash-width cases: 8, or LING_TEST_FLASH_STEPS (1-8) for runs under compute-sanitizer, whose
-// racecheck holds host memory in proportion to the work it watches (session 41: a process ended by the host's OOM
-// killer at 125 GB).
+// Steps of the Ling-3.0-flash-width cases: 8, or LING_TEST_FLASH_STEPS (1-8) for shorter runs under compute-sanitizer
+// (the sanitizer scripts pass 2: racecheck runs these cases for minutes).
 int flash_steps() {
   char const* e = std::getenv("LING_TEST_FLASH_STEPS");
   int const n = e ? std::atoi(e) : 8;

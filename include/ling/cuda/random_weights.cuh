@@ -97,8 +97,7 @@ inline void fill_vector(float* p, std::int64_t n, std::uint64_t seed, float mean
 }
 
 // Online FP8-row quantization (quant::Fp8Row::quantize on the device): row r's scale maps max |w[r,:]| to 448. A
-// bounded grid (fill_grid) strides over the rows: a grid of one block per row (157 184 for Ling-3.0-flash's LM head)
-// ran the host out of memory under compute-sanitizer's racecheck.
+// bounded grid (fill_grid) strides over the rows (157 184 for Ling-3.0-flash's LM head).
 template <MatFormat F>
 __global__ void __launch_bounds__(256) quantize_fp8_rows_kernel(ModelMatrix src, E4m3* dst, float* scales) {
   __shared__ float scratch[32];
