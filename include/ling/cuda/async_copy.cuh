@@ -27,6 +27,10 @@ __device__ __forceinline__ std::uint32_t smem_u32(void const* p) {
 __device__ __forceinline__ void cp_async16(void* dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
+// 4 bytes, through L1 (cp.async.ca: the only form for fewer than 16 bytes).
+__device__ __forceinline__ void cp_async4(void* dst, void const* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most n of this thread's committed groups are pending (n clamped to 0..3).
 __device__ __forceinline__ void cp_async_wait(int n) {

@@ -1133,10 +1133,6 @@ __host__ __device__ constexpr std::int64_t preload_scale_floats(std::int64_t sli
   else
     return 0;
 }
-// 4 bytes, through L1 (cp.async.ca: the only form for fewer than 16 bytes).
-__device__ __forceinline__ void cp_async4(void* dst, void const* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
 
 template <class K>
 __global__ void __launch_bounds__(kPreloadThreads, 2) matvec_preload_kernel(MultiArgs a, float const* __restrict__ x,

@@ -96,27 +96,24 @@ inline void fill_vector(float* p, std::int64_t n, std::uint64_t seed, float mean
   check_launch("random fill");
 }
 
-// Online FP8-row quantization (quant::Fp8Row::quantize on the device): row r's scale maps max |w[r,:]| to 448. A
-// bounded grid (fill_grid) strides over the rows (157 184 for Ling-3.0-flash's LM head).
+// Online FP8-row quantization (quant::Fp8Row::quantize on the device): row r's scale maps max |w[r,:]| to 448.
 template <MatFormat F>
 __global__ void __launch_bounds__(256) quantize_fp8_rows_kernel(ModelMatrix src, E4m3* dst, float* scales) {
   __shared__ float scratch[32];
-  for (std::int64_t r = blockIdx.x; r < src.rows; r += gridDim.x) {
-    float amax = 0.f;
-    for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)
-      amax = fmaxf(amax, fabsf(ops::Fmt<F>::at(src.data, src.scales, src.rows, src.cols, r, c)));
-    amax = dev::block_max(amax, scratch);  // its first barrier keeps the previous row's reads of scratch apart
-    float const scale = amax > 0.f ? amax / kE4m3Max : 1.f;
-    if (threadIdx.x == 0) scales[r] = scale;
-    for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)
-      dst[r * src.cols + c] = e4m3_from_float(ops::Fmt<F>::at(src.data, src.scales, src.rows, src.cols, r, c) / scale);
-  }
+  std::int64_t const r = blockIdx.x;
+  float amax = 0.f;
+  for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)
+    amax = fmaxf(amax, fabsf(ops::Fmt<F>::at(src.data, src.scales, src.rows, src.cols, r, c)));
+  amax = dev::block_max(amax, scratch);
+  float const scale = amax > 0.f ? amax / kE4m3Max : 1.f;
+  if (threadIdx.x == 0) scales[r] = scale;
+  for (std::int64_t c = threadIdx.x; c < src.cols; c += blockDim.x)
+    dst[r * src.cols + c] = e4m3_from_float(ops::Fmt<F>::at(src.data, src.scales, src.rows, src.cols, r, c) / scale);
 }
 
 inline void quantize_fp8_rows(ModelMatrix const& src, E4m3* dst, float* scales, cudaStream_t st = nullptr) {
-  unsigned const grid = src.rows < std::int64_t(fill_grid()) ? unsigned(src.rows) : fill_grid();
   ops::dispatch_format(src.format, [&](auto f) {
-    if (grid > 0) quantize_fp8_rows_kernel<decltype(f)::value><<<grid, 256, 0, st>>>(src, dst, scales);
+    quantize_fp8_rows_kernel<decltype(f)::value><<<unsigned(src.rows), 256, 0, st>>>(src, dst, scales);
   });
   check_launch("quantize lm head");
 }
