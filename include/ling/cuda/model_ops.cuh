@@ -359,6 +359,10 @@ inline bool router_in_a_env() {
   return on;
 }
 
+// LING_MOE_TAGGED=1: MoE launch A's tagged router logits instead of its grid barrier (a trial; read when a model is
+// built, so a test can set it per model).
+inline bool moe_tagged_env() { return env_on("LING_MOE_TAGGED"); }
+
 // ---- fused MoE ------------------------------------------------------------------------------------------------
 // Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I]; expert
 // e's matrix starts at e * (its bytes). The shared expert (or the dense MLP) is a separate gate / up / down triple,
@@ -379,6 +383,10 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
+  // with router: tagged logits instead of the grid barrier (kernels::MoeArgs::logit_tags; route->experts words and one
+  // epoch, zeroed together before first use), or null
+  unsigned long long* logit_tags = nullptr;
+  unsigned* tag_epoch = nullptr;
   float limit = 0.f;  // routed SwiGLU clamp (0 = none)
   // shared / dense
   void const* sg_w = nullptr; void const* sg_s = nullptr;
@@ -443,6 +451,8 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.router = matrix_args(*a.router);
       k.router_out = a.route->logits;
       k.grid_bar = a.grid_bar;
+      k.logit_tags = a.logit_tags;
+      k.tag_epoch = a.logit_tags ? a.tag_epoch : nullptr;
     }
   }
   k.top_k = a.top_k;
