@@ -287,6 +287,7 @@ TEST_CASE("MoE launch A's tagged router logits (LING_MOE_TAGGED) give the defaul
   auto const base = flash_base(4252, 3007);
   int const before = ling::cuda::moe_tagged_launches();
   check_flash_env_variant(base, "LING_MOE_TAGGED", "1", 4252, 3007, 0.0);
+  check_flash_env_variant(base, "LING_MOE_TAGGED", "2", 4252, 3007, 0.0);  // warp 0 polls for its block
   int const flash = ling::cuda::moe_tagged_launches();
   CHECK(flash > before);
   Divergence const d = diverge("ling-a-fp4", {4096, false, true}, {4096, false, true}, 9, 16, 78, "LING_MOE_TAGGED", "1");

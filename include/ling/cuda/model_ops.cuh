@@ -359,9 +359,10 @@ inline bool router_in_a_env() {
   return on;
 }
 
-// LING_MOE_TAGGED=1: MoE launch A's tagged router logits instead of its grid barrier (a trial; read when a model is
+// LING_MOE_TAGGED=1|2: MoE launch A's tagged router logits instead of its grid barrier (a trial; read when a model is
 // built, so a test can set it per model).
-inline bool moe_tagged_env() { return env_on("LING_MOE_TAGGED"); }
+// =1: every thread polls its own experts' words; =2: warp 0 polls them all (MoeArgs::tag_poll 1).
+inline int moe_tagged_env() { return env_level("LING_MOE_TAGGED", 2); }
 
 // ---- fused MoE ------------------------------------------------------------------------------------------------
 // Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I]; expert
@@ -387,6 +388,7 @@ struct MoeArgs {
   // epoch, zeroed together before first use), or null
   unsigned long long* logit_tags = nullptr;
   unsigned* tag_epoch = nullptr;
+  int tag_poll = 0;  // kernels::MoeArgs::tag_poll
   float limit = 0.f;  // routed SwiGLU clamp (0 = none)
   // shared / dense
   void const* sg_w = nullptr; void const* sg_s = nullptr;
@@ -453,6 +455,7 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.grid_bar = a.grid_bar;
       k.logit_tags = a.logit_tags;
       k.tag_epoch = a.logit_tags ? a.tag_epoch : nullptr;
+      k.tag_poll = a.tag_poll;
     }
   }
   k.top_k = a.top_k;

@@ -71,6 +71,7 @@ struct MoeArgs {
   // read after the PDL wait; block 0 stores it back once its selection has seen every word (await_tagged_logit).
   unsigned long long* logit_tags = nullptr;
   unsigned* tag_epoch = nullptr;
+  int tag_poll = 0;  // 0: each thread polls its own experts' words; 1: warp 0 polls them all, hands them on in shared memory
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -165,6 +166,31 @@ __device__ __forceinline__ float await_tagged_logit(unsigned long long const* sl
     asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(slot) : "memory");
     if (static_cast<unsigned>(w >> 32) == tag) return __uint_as_float(static_cast<unsigned>(w));
     if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
+  }
+}
+// The calling warp waits for words 0 .. n - 1 and stores their logits in out[] (lane l: words l + 32 j, 16 of them
+// requested at once, again until all carry the tag).
+__device__ __forceinline__ void await_tagged_logits_warp(unsigned long long const* slots, int n, unsigned tag, float* out) {
+  constexpr int kPer = 16;
+  int const lane = int(threadIdx.x & 31);
+  for (int base = 0; base < n; base += 32 * kPer) {
+    unsigned left = 0;
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) left |= (base + lane + 32 * j < n ? 1u : 0u) << j;
+    for (unsigned it = 0; left != 0u; ++it) {
+      unsigned long long w[kPer];
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if ((left >> j) & 1u)
+          asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[j]) : "l"(slots + base + lane + 32 * j) : "memory");
+#pragma unroll
+      for (int j = 0; j < kPer; ++j)
+        if (((left >> j) & 1u) && static_cast<unsigned>(w[j] >> 32) == tag) {
+          out[base + lane + 32 * j] = __uint_as_float(static_cast<unsigned>(w[j]));
+          left &= ~(1u << j);
+        }
+      if (it > (1u << 22)) __trap();  // seconds: never in a correct launch
+    }
   }
 }
 __device__ __forceinline__ unsigned load_relaxed_u32(unsigned const* p) {
@@ -1131,7 +1157,18 @@ __global__ void __launch_bounds__(kW * 32, 1)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    if (tagged) {  // each thread its own experts' words (the launcher checked experts <= kRouteAhead · threads)
+    if (tagged && a.tag_poll == 1) {  // warp 0 (never a router warp) polls every word, 16 per lane in flight at once
+      float* const sl = reinterpret_cast<float*>(q);  // the selection's scratch, free until it starts
+      if (warp == 0) await_tagged_logits_warp(a.logit_tags, a.route.experts, tag, sl);
+      __syncthreads();
+#pragma unroll
+      for (int k = 0; k < kRouteAhead; ++k) {
+        int const e = int(threadIdx.x) + k * int(blockDim.x);
+        ra.l[k] = e < a.route.experts ? sl[e] : 0.f;
+      }
+      __syncthreads();  // every value read before the selection writes its scratch
+      if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
+    } else if (tagged) {  // each thread its own experts' words (the launcher checked experts <= kRouteAhead · threads)
 #pragma unroll
       for (int k = 0; k < kRouteAhead; ++k) {
         int const e = int(threadIdx.x) + k * int(blockDim.x);
