@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "ling/cuda/linear.hpp"
-#include "ling/cuda/moe.hpp"
 #include "ling/cuda/runtime.hpp"
 #include "ling/cuda/session.hpp"
 #include "ling/io/chat.hpp"
@@ -274,26 +273,6 @@ TEST_CASE("router rows inside MoE launch A give the router launch's logits bit f
     CHECK(d.differing == 0);
     CHECK(d.nan == 0);
   }
-}
-
-// MoE launch A's tagged router logits (LING_MOE_TAGGED=1, a trial: moe.cuh await_tagged_logit) instead of its grid
-// barrier: the same logits reach the same selection, so the default's bits at Ling-3.0-flash's widths (graph = eager;
-// the launcher counts the tagged launches, so a run that silently kept the barrier fails). On ling-a-fp4 (16 router
-// rows on 48 blocks: a block without a row could read the epoch after block 0 stored it) the launcher keeps the
-// barrier, and the bits are the default's.
-TEST_CASE("MoE launch A's tagged router logits (LING_MOE_TAGGED) give the default's bits") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_MOE_TAGGED");
-  auto const base = flash_base(4252, 3007);
-  int const before = ling::cuda::moe_tagged_launches();
-  check_flash_env_variant(base, "LING_MOE_TAGGED", "1", 4252, 3007, 0.0);
-  check_flash_env_variant(base, "LING_MOE_TAGGED", "2", 4252, 3007, 0.0);  // warp 0 polls for its block
-  int const flash = ling::cuda::moe_tagged_launches();
-  CHECK(flash > before);
-  Divergence const d = diverge("ling-a-fp4", {4096, false, true}, {4096, false, true}, 9, 16, 78, "LING_MOE_TAGGED", "1");
-  CHECK(d.differing == 0);
-  CHECK(d.nan == 0);
-  CHECK(ling::cuda::moe_tagged_launches() == flash);
 }
 
 // The MLA attention chain in one launch at short contexts (CudaModelOptions::mla_short, 64 by default since session 39:

@@ -570,13 +570,6 @@ class CudaModel {
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
     pos_dev_ = scratch<std::int32_t>(1);
-    // LING_MOE_TAGGED=1|2 (a trial): MoE launch A's tagged router logits instead of its grid barrier; last in the
-    // region, so that the default's buffers keep their addresses
-    if (int const t = ops::moe_tagged_env(); t > 0 && c.num_experts > 0) {
-      logit_tags_ = scratch<unsigned long long>(std::int64_t(c.num_experts));
-      tag_epoch_ = scratch<unsigned>(1);
-      tag_poll_ = t - 1;
-    }
     cache_bytes_ = arena_.used - cache_start;
   }
 
@@ -881,9 +874,6 @@ class CudaModel {
         if (in_a) {
           a.router = &f.router;
           a.grid_bar = grid_bar_;
-          a.logit_tags = logit_tags_;
-          a.tag_epoch = tag_epoch_;
-          a.tag_poll = tag_poll_;
         } else if (!skipped("router")) {
           // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
           if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});
@@ -995,9 +985,6 @@ class CudaModel {
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
-  unsigned long long* logit_tags_ = nullptr;  // or its tagged logits (LING_MOE_TAGGED=1), with their epoch
-  unsigned* tag_epoch_ = nullptr;
-  int tag_poll_ = 0;
   // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count
   DeviceBuffer ahead_buf_;
   std::vector<int> ahead_off_, ahead_n_;

@@ -359,11 +359,6 @@ inline bool router_in_a_env() {
   return on;
 }
 
-// LING_MOE_TAGGED=1|2: MoE launch A's tagged router logits instead of its grid barrier (a trial; read when a model is
-// built, so a test can set it per model).
-// =1: every thread polls its own experts' words; =2: warp 0 polls them all (MoeArgs::tag_poll 1).
-inline int moe_tagged_env() { return env_level("LING_MOE_TAGGED", 2); }
-
 // ---- fused MoE ------------------------------------------------------------------------------------------------
 // Experts of one layer live in stacked arrays: gate [E][I, hidden], up [E][I, hidden], down [E][hidden, I]; expert
 // e's matrix starts at e * (its bytes). The shared expert (or the dense MLP) is a separate gate / up / down triple,
@@ -384,11 +379,6 @@ struct MoeArgs {
   // at first use: grid_round.hpp; the barrier leaves it at one)
   ModelMatrix const* router = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // with router: tagged logits instead of the grid barrier (kernels::MoeArgs::logit_tags; route->experts words and one
-  // epoch, zeroed together before first use), or null
-  unsigned long long* logit_tags = nullptr;
-  unsigned* tag_epoch = nullptr;
-  int tag_poll = 0;  // kernels::MoeArgs::tag_poll
   float limit = 0.f;  // routed SwiGLU clamp (0 = none)
   // shared / dense
   void const* sg_w = nullptr; void const* sg_s = nullptr;
@@ -453,9 +443,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
       k.router = matrix_args(*a.router);
       k.router_out = a.route->logits;
       k.grid_bar = a.grid_bar;
-      k.logit_tags = a.logit_tags;
-      k.tag_epoch = a.logit_tags ? a.tag_epoch : nullptr;
-      k.tag_poll = a.tag_poll;
     }
   }
   k.top_k = a.top_k;

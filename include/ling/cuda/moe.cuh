@@ -65,13 +65,6 @@ struct MoeArgs {
   MatrixArgs router{};
   float* router_out = nullptr;
   unsigned long long* grid_bar = nullptr;
-  // Tagged logits (LING_MOE_TAGGED=1, a trial; launch_moe_gate_up_stream clears them where they do not apply): instead
-  // of the grid barrier, each router row's logit goes to logit_tags[row] as one 64-bit word with this launch's tag in
-  // its high half, and every thread polls its own experts' words until they carry the tag. The tag is *tag_epoch + 1,
-  // read after the PDL wait; block 0 stores it back once its selection has seen every word (await_tagged_logit).
-  unsigned long long* logit_tags = nullptr;
-  unsigned* tag_epoch = nullptr;
-  int tag_poll = 0;  // 0: each thread polls its own experts' words; 1: warp 0 polls them all, hands them on in shared memory
   unsigned long long* trace_a;  // step timeline regions of launch A and B (measurements), or null
   unsigned long long* trace_b;
   // Where the streamed launch A marks its midpoint (LING_TRACE_MOEA, measurements): 0 after the expert selection (the
@@ -149,57 +142,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
     }
   }
   __syncthreads();
-}
-
-// Tagged router logits (MoeArgs::logit_tags). A logit and its launch's tag travel in one 64-bit word, so a reader that
-// sees the tag also sees the logit: no fence, no counter, no second load. The barrier's chain after the last block's
-// dots is its fence, its atomic, the others' poll and then the logits' load; here it is the store and the poll. Tags
-// are unique per launch (the epoch grows by one per launch A; the words start zeroed with the epoch), so a word from
-// an earlier launch never matches. Bounded like grid_barrier: a word that never comes traps.
-__device__ __forceinline__ void store_tagged_logit(unsigned long long* slot, float v, unsigned tag) {
-  unsigned long long const w = (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(slot), "l"(w) : "memory");
-}
-__device__ __forceinline__ float await_tagged_logit(unsigned long long const* slot, unsigned tag) {
-  for (unsigned n = 0;; ++n) {
-    unsigned long long w;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w) : "l"(slot) : "memory");
-    if (static_cast<unsigned>(w >> 32) == tag) return __uint_as_float(static_cast<unsigned>(w));
-    if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
-  }
-}
-// The calling warp waits for words 0 .. n - 1 and stores their logits in out[] (lane l: words l + 32 j, 16 of them
-// requested at once, again until all carry the tag).
-__device__ __forceinline__ void await_tagged_logits_warp(unsigned long long const* slots, int n, unsigned tag, float* out) {
-  constexpr int kPer = 16;
-  int const lane = int(threadIdx.x & 31);
-  for (int base = 0; base < n; base += 32 * kPer) {
-    unsigned left = 0;
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) left |= (base + lane + 32 * j < n ? 1u : 0u) << j;
-    for (unsigned it = 0; left != 0u; ++it) {
-      unsigned long long w[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if ((left >> j) & 1u)
-          asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(w[j]) : "l"(slots + base + lane + 32 * j) : "memory");
-#pragma unroll
-      for (int j = 0; j < kPer; ++j)
-        if (((left >> j) & 1u) && static_cast<unsigned>(w[j] >> 32) == tag) {
-          out[base + lane + 32 * j] = __uint_as_float(static_cast<unsigned>(w[j]));
-          left &= ~(1u << j);
-        }
-      if (it > (1u << 22)) __trap();  // seconds: never in a correct launch
-    }
-  }
-}
-__device__ __forceinline__ unsigned load_relaxed_u32(unsigned const* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void store_relaxed_u32(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 // Launch A's expert ids into s_idx: the router's selection, here in every block (fused routing: no last-block handoff in
@@ -1122,7 +1064,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // commit group) into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after
   // the selection; router_rows_in_ring checked that this buffer exists for every router warp)
   bool const rin = a.router.data != nullptr;
-  bool const tagged = kDiag == 0 && rin && a.logit_tags != nullptr;  // the launcher checked where it applies
   std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
   bool const rmine = rin && rrow < a.router.rows;
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
@@ -1135,8 +1076,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  // this launch's tag: the previous launch A has completed (it precedes the launch this one waited for)
-  unsigned const tag = tagged ? load_relaxed_u32(a.tag_epoch) + 1u : 0u;
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
@@ -1148,41 +1087,15 @@ __global__ void __launch_bounds__(kW * 32, 1)
     __syncthreads();   // the staged input is complete
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
-      if (lane == 0) {
-        if (tagged) store_tagged_logit(a.logit_tags + rrow, v, tag);
-        a.router_out[rrow] = v;
-      }
+      if (lane == 0) a.router_out[rrow] = v;
     }
     if (a.trace_mid == 2) {  // every router row's dot done: the block's arrival at the barrier (a uniform branch)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    if (tagged && a.tag_poll == 1) {  // warp 0 (never a router warp) polls every word, 16 per lane in flight at once
-      float* const sl = reinterpret_cast<float*>(q);  // the selection's scratch, free until it starts
-      if (warp == 0) await_tagged_logits_warp(a.logit_tags, a.route.experts, tag, sl);
-      __syncthreads();
-#pragma unroll
-      for (int k = 0; k < kRouteAhead; ++k) {
-        int const e = int(threadIdx.x) + k * int(blockDim.x);
-        ra.l[k] = e < a.route.experts ? sl[e] : 0.f;
-      }
-      __syncthreads();  // every value read before the selection writes its scratch
-      if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
-    } else if (tagged) {  // each thread its own experts' words (the launcher checked experts <= kRouteAhead · threads)
-#pragma unroll
-      for (int k = 0; k < kRouteAhead; ++k) {
-        int const e = int(threadIdx.x) + k * int(blockDim.x);
-        ra.l[k] = e < a.route.experts ? await_tagged_logit(a.logit_tags + e, tag) : 0.f;
-      }
-      if (a.trace_mid == 3) {  // the selection's barriers order the router rows' reads before the ring's reuse
-        __syncthreads();
-        trace_mark(a.trace_a, 2);
-      }
-    } else {
-      grid_barrier(a.grid_bar);
-      if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
-      if (ahead) route_ahead_logits(a.route, ra);
-    }
+    grid_barrier(a.grid_bar);
+    if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
+    if (ahead) route_ahead_logits(a.route, ra);
   }
   if constexpr (kDiag == 3 || kDiag == 4) {  // measurements only: fixed picks, evenly spaced experts, equal weights
     int const t = int(threadIdx.x);
@@ -1197,8 +1110,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
     __syncthreads();
   } else {
     moe_block_routing<kDiag != 7>(a, s_idx, reinterpret_cast<float*>(q), ra, ahead);
-    // block 0's selection has read every word, so every block has read the epoch: the next launch A's tag is new
-    if (tagged && b == 0 && threadIdx.x == 0) store_relaxed_u32(a.tag_epoch, tag);
   }
   if (a.trace_mid == 0) trace_mark(a.trace_a, 2);
   fence_proxy_async_smem();  // the router row's reads of its buffer before the bulk copies into it
@@ -1543,14 +1454,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};
       }
-      // tagged logits: router rows in this launch, a row in every block (so that block 0 cannot finish its selection
-      // before a block has read the epoch), every expert's logit polled into the selection's registers (RouteAhead)
-      if (!b.router.data || !b.tag_epoch || b.router.rows < blocks || !(b.route.logits && b.route_ahead) ||
-          b.route.experts > kRouteAhead * w * 32) {
-        b.logit_tags = nullptr;
-        b.tag_epoch = nullptr;
-      }
-      if (b.logit_tags) ++moe_tagged_launches();
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(w * 32)), smem, stream, b, u, pro, h, p);
       return true;
     };

@@ -30,14 +30,6 @@ inline std::atomic<int>& moe_wg_a_launches() {
   return n;
 }
 
-// Launches (or captures) of MoE launch A with tagged router logits (LING_MOE_TAGGED=1, a trial; moe.cuh
-// await_tagged_logit) in this process: the tests check that they ran, since the launcher keeps the grid barrier where
-// they do not apply.
-inline std::atomic<int>& moe_tagged_launches() {
-  static std::atomic<int> n{0};
-  return n;
-}
-
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
