@@ -7,7 +7,7 @@
 # quantization (random_weights.cuh quantize_fp8_rows_kernel, 157 184 blocks per model at these widths; lm_head.cuh's
 # kernel of the same name is racechecked by test_cuda_kernels). Should this compute-sanitizer refuse a second exclusion,
 # the case runs again with the first alone. Logs in $OUT/race-<n>.log, a line per case last.
-#   bash scripts/device-racecheck-cases.sh "*L2 look-ahead*" "*forced routing is predicted*" ...
+#   bash scripts/device-racecheck-cases.sh "*L2 look-ahead*gives the default*" "*forced routing is predicted*" ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"

@@ -349,13 +349,18 @@ TEST_CASE("the MLA chain in one launch at Ling-3.0-flash's widths: within 1e-2 o
 // with the same decoder, scales and staging, so the same bits as the default step at Ling-3.0-flash's widths (layer 5
 // an MLA layer), graph = eager; and the CPU model's logits on the tests/data checkpoints. The model counts the
 // launches it made, so a step that silently streamed every matrix fails.
-TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's bits, and the CPU model") {
+// The Ling-3.0-flash-width cases are split so that compute-sanitizer's racecheck can take each in one process of a few
+// minutes (~60 s per model run of 2 steps under it, session 47: scripts/device-racecheck-cases.sh).
+TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the default's bits at Ling-3.0-flash's widths") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_MATVEC_PRELOAD");
   auto const base = flash_base(4247, 3002);
   int const before = ling::cuda::matvec_preload_launches();
   check_flash_env_variant(base, "LING_MATVEC_PRELOAD", "1", 4247, 3002, 0.0);
   CHECK(ling::cuda::matvec_preload_launches() > before);
+}
+TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the CPU model on the tests/data checkpoints") {
+  if (!ling::cuda::device_available()) return;
   setenv("LING_MATVEC_PRELOAD", "1", 1);
   for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
     CAPTURE(n);
@@ -380,6 +385,13 @@ TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's 
   setenv("LING_AHEAD_EARLY", "1", 1);
   check_flash_env_variant(base, "LING_AHEAD", "router,shared,sdown", 4248, 3003, 0.0);
   unsetenv("LING_AHEAD_EARLY");
+}
+TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) with forced routing gives the forced run's bits") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_AHEAD");
+  unsetenv("LING_AHEAD_EARLY");
+  unsetenv("LING_FORCE_EXPERTS");
+  auto const base = flash_base(4248, 3003);
   setenv("LING_FORCE_EXPERTS", "1", 1);
   auto const forced = flash_base(4248, 3003);
   check_flash_env_variant(forced, "LING_AHEAD", "experts,edown,router", 4248, 3003, 0.0);
@@ -404,7 +416,7 @@ TEST_CASE("the router predictor's rows (build_route_predictor) = the host's, bit
 // count one pick per expert slot of each KDA layer with a MoE (layers 2-4 of the 6), and with the routing forced
 // (LING_FORCE_EXPERTS=1) every pick is predicted. The random model's hit rate is printed, not checked: it is not
 // Ling's.
-TEST_CASE("the expert prediction (LING_PREDICT) gives the default's bits; forced routing is predicted in full") {
+TEST_CASE("the expert prediction (LING_PREDICT) gives the default's bits") {
   if (!ling::cuda::device_available()) return;
   unsetenv("LING_PREDICT");
   unsetenv("LING_AHEAD_EARLY");
@@ -412,9 +424,20 @@ TEST_CASE("the expert prediction (LING_PREDICT) gives the default's bits; forced
   auto const base = flash_base(4249, 3004);
   check_flash_env_variant(base, "LING_PREDICT", "1", 4249, 3004, 0.0);
   check_flash_env_variant(base, "LING_PREDICT", "2", 4249, 3004, 0.0);
+}
+TEST_CASE("the expert prediction (LING_PREDICT) with its requests before the step's wait gives the default's bits") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_PREDICT");
+  unsetenv("LING_FORCE_EXPERTS");
+  auto const base = flash_base(4249, 3004);
   setenv("LING_AHEAD_EARLY", "1", 1);
   check_flash_env_variant(base, "LING_PREDICT", "2", 4249, 3004, 0.0);
   unsetenv("LING_AHEAD_EARLY");
+}
+TEST_CASE("the expert prediction (LING_PREDICT): forced routing is predicted in full") {
+  if (!ling::cuda::device_available()) return;
+  unsetenv("LING_AHEAD_EARLY");
+  unsetenv("LING_FORCE_EXPERTS");
   constexpr int kSteps = 8;
   setenv("LING_PREDICT", "1", 1);
   auto const n = ling::test_gpu::flash_predict_count(flash_cfg(), 6, 4249, 3004, kSteps);
