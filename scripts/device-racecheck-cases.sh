@@ -5,7 +5,7 @@
 # (default 240). As device-prebuilt-check.sh's LING_CHECK_SANITIZE=all: the random-weight fill kernels left out and the
 # flash-width cases run for LING_TEST_FLASH_STEPS steps (default 2). Also left out: the random LM head's FP8-row
 # quantization (random_weights.cuh quantize_fp8_rows_kernel, 157 184 blocks per model at these widths; lm_head.cuh's
-# kernel of the same name is racechecked by test_cuda_kernels). Should this compute-sanitizer refuse a second exclusion,
+# kernel of the same name uses no shared memory). Should this compute-sanitizer refuse a second exclusion,
 # the case runs again with the first alone. Logs in $OUT/race-<n>.log, a line per case last.
 #   bash scripts/device-racecheck-cases.sh "*L2 look-ahead*gives the default*" "*forced routing is predicted*" ...
 set -uo pipefail

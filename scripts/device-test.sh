@@ -100,7 +100,7 @@ if [ $SANITIZE = 1 ]; then
     local -a x=()
     [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
     # and in test_cuda_model the random LM head's FP8-row quantization (157 184 blocks per flash-width model; lm_head.cuh's
-    # kernel of that name is racechecked by test_cuda_kernels); with both left out the MLA flash case took 227 s (session 47)
+    # kernel of that name uses no shared memory); with both left out the MLA flash case took 227 s (session 47)
     [ "$1" = racecheck ] && [ $n = test_cuda_model ] && x+=(--kernel-name-exclude kns=quantize_fp8_rows)
     (cd tests && LING_SANITIZER=$1 LING_TEST_FLASH_STEPS=${LING_TEST_FLASH_STEPS:-2} timeout "${LING_SANITIZE_TIMEOUT:-300}" \
         compute-sanitizer --tool "$1" "${x[@]}" --error-exitcode 9 \
