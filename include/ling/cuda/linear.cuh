@@ -362,16 +362,26 @@ __device__ __forceinline__ void prologue_prefetch(InputPrologue const& p, std::i
 
 // ---- step timeline (measurements only; CudaModel's LING_TRACE) --------------------------------------------------
 // A launch given a trace region t writes %globaltimer (ns) per block: phase 0 at entry, 1 after the PDL wait, 2 at a
-// kernel-specific midpoint, 3 when its last warp ends (atomicMax over the warps; the region is zeroed before).
-inline constexpr int kTracePhases = 4, kTraceBlocks = 1024;
+// kernel-specific midpoint, 3 when its last warp ends (atomicMax over the warps; the region is zeroed before). Word 4
+// of a block's record (kTracePhases words) is the SM it ran on plus one, written with phase 0 (`ling bench`'s
+// LING_TRACE_BLOCKS prints the blocks one by one).
+inline constexpr int kTracePhases = 5, kTraceBlocks = 1024;
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long v;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
   return v;
 }
+__device__ __forceinline__ unsigned sm_id() {
+  unsigned v;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(v));
+  return v;
+}
 __device__ __forceinline__ unsigned trace_block() { return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z); }
 __device__ __forceinline__ void trace_mark(unsigned long long* t, int p) {
-  if (t && threadIdx.x == 0 && trace_block() < unsigned(kTraceBlocks)) t[trace_block() * kTracePhases + p] = global_ns();
+  if (t && threadIdx.x == 0 && trace_block() < unsigned(kTraceBlocks)) {
+    t[trace_block() * kTracePhases + p] = global_ns();
+    if (p == 0) t[trace_block() * kTracePhases + 4] = sm_id() + 1u;
+  }
 }
 // Point p of the block's record as the latest of its warps' calls (lane 0 of each calling warp).
 __device__ __forceinline__ void trace_mark_max(unsigned long long* t, int p) {

@@ -105,7 +105,8 @@ class CudaModel {
 
   // LING_TRACE builds only (measurements): zeroes the timeline, runs one greedy step and returns per layer and region
   // (attention projections, KDA step, o_proj / MLA dense, router, MoE A, MoE B, the MLA chain in one launch) the
-  // blocks' records [layers][7][kTraceBlocks][4] in ns of %globaltimer (0 = not written). Empty without LING_TRACE.
+  // blocks' records [layers][7][kTraceBlocks][kTracePhases]: four times in ns of %globaltimer, then the SM plus one
+  // (0 = not written). Empty without LING_TRACE.
   std::vector<unsigned long long> trace_step() {
     if (!trace_) return {};
     std::size_t const n = layers_.size() * kTraceSlots * std::size_t(ops::kTraceRegion);
