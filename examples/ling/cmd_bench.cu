@@ -201,13 +201,13 @@ void cmd_bench(BenchArgs const& a) {
       if (char const* bp = std::getenv("LING_TRACE_BLOCKS"); bp && *bp) {
         std::FILE* g = std::fopen(bp, "w");
         if (g) {
+          auto us = [&](unsigned long long v) { return v ? double(v - t0) * 1e-3 : -1.0; };
           std::fprintf(g, "layer,region,block,sm,entry,wait,mid,end\n");
           for (std::size_t l = 0; l < layers; ++l)
             for (int r = 0; r < slots; ++r)
               for (int k = 0; k < kB; ++k) {
                 unsigned long long const* q = t.data() + (((l * slots + std::size_t(r)) * kB) + std::size_t(k)) * kP;
                 if (!q[0]) continue;
-                auto us = [&](unsigned long long v) { return v ? double(v - t0) * 1e-3 : -1.0; };
                 std::fprintf(g, "%zu,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f\n", l, r, k, static_cast<long long>(q[4]) - 1, us(q[0]), us(q[1]),
                              us(q[2]), us(q[3]));
               }
