@@ -208,8 +208,8 @@ void cmd_bench(BenchArgs const& a) {
               for (int k = 0; k < kB; ++k) {
                 unsigned long long const* q = t.data() + (((l * slots + std::size_t(r)) * kB) + std::size_t(k)) * kP;
                 if (!q[0]) continue;
-                std::fprintf(g, "%zu,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f\n", l, r, k, static_cast<long long>(q[4]) - 1, us(q[0]), us(q[1]),
-                             us(q[2]), us(q[3]));
+                std::fprintf(g, "%zu,%d,%d,%lld,%.3f,%.3f,%.3f,%.3f\n", l, r, k, static_cast<long long>(q[4]) - 1,
+                             us(q[0]), us(q[1]), us(q[2]), us(q[3]));
               }
           std::fclose(g);
         }
