@@ -7,6 +7,9 @@ For each layer kind (KDA / MLA) and region it prints, as medians over the layers
 - rank correlations over a layer's blocks of the end with the entry (late blocks end late: the row split does not
   account for when blocks arrive), with the block index (the static row split) and with the wait exit;
 - the ends of the blocks that entered in the last quarter against the first quarter;
+- for the blocks that entered after the region's first wait exit (their dependence had resolved before they came):
+  how many, and the median of their wait exit minus their entry, which is then the code before their wait (requests,
+  barriers' setup, instruction fetch), not the wait;
 - per SM: how late its blocks end against the layer's median, averaged over the layers, and how well that lateness
   agrees between the even and the odd layers (a correlation near 1: some SMs are slow in every layer, e.g. their DRAM
   or L2 service; near 0: no SM is persistently slow), with the slowest SMs.
@@ -86,6 +89,10 @@ def main(path, wanted):
                 "late_q": statistics.median(ends[i] for i in q[-n4:]),
                 "early_q": statistics.median(ends[i] for i in q[:n4]),
             }
+            w0 = min(b["wait"] for b in bl)
+            late = [b["wait"] - b["entry"] for b in bl if b["entry"] > w0]
+            row["n_after"] = len(late)
+            row["pre_after"] = statistics.median(late) if late else float("nan")
             a = acc.setdefault((kind, name), {"rows": [], "sm": {}})
             a["rows"].append(row)
             for b, e in zip(bl, ends):  # per SM: lateness against this layer's median, by layer parity
@@ -94,19 +101,21 @@ def main(path, wanted):
     if not acc:
         sys.exit("no blocks with an end and a wait exit in " + path)
     print("%-11s %5s %6s %6s | ends after the last wait: %6s %6s %6s | rank corr. of the end with: %6s %6s %6s |"
-          " entered last / first quarter: %6s %6s | SM lateness: %6s %5s  slowest SMs (µs)" %
+          " entered last / first quarter: %6s %6s | entered after the first wait exit: %4s %7s |"
+          " SM lateness: %6s %5s  slowest SMs (µs)" %
           ("region", "blk", "entF", "entL", "endF", "endMd", "endL", "entry", "index", "wait", "late", "early",
-           "even~odd", "SMs"))
+           "n", "pre-wait", "even~odd", "SMs"))
     for key in sorted(acc):
         rows, sm = acc[key]["rows"], acc[key]["sm"]
         m = {k: med([r[k] for r in rows]) for k in rows[0]}
         both = [s for s, (ev, od) in sm.items() if ev and od]
         agree = pearson([statistics.fmean(sm[s][0]) for s in both], [statistics.fmean(sm[s][1]) for s in both])
         late = sorted(((statistics.fmean(ev + od), s) for s, (ev, od) in sm.items()), reverse=True)[:5]
-        print("%-11s %5d %6.2f %6.2f | %33.2f %6.2f %6.2f | %33.2f %6.2f %6.2f | %37.2f %6.2f | %18.2f %5d  %s  n=%d" %
+        print("%-11s %5d %6.2f %6.2f | %33.2f %6.2f %6.2f | %33.2f %6.2f %6.2f | %37.2f %6.2f | %39.0f %7.2f |"
+              " %18.2f %5d  %s  n=%d" %
               (key[0] + ":" + key[1], m["blocks"], m["entF"], m["entL"], m["endF"], m["endMd"], m["endL"],
-               m["r_entry"], m["r_index"], m["r_wait"], m["late_q"], m["early_q"], agree, len(sm),
-               " ".join("%d:+%.2f" % (s, v) for v, s in late), len(rows)))
+               m["r_entry"], m["r_index"], m["r_wait"], m["late_q"], m["early_q"], m["n_after"], m["pre_after"],
+               agree, len(sm), " ".join("%d:+%.2f" % (s, v) for v, s in late), len(rows)))
 
 
 if __name__ == "__main__":
