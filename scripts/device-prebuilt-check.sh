@@ -4,7 +4,9 @@
 # and racecheck on a doctest filter of test_cuda_kernels; logs in $OUT, a short table last.
 #   bash scripts/device-prebuilt-check.sh [sanitizer test-case filter, default 'MLA*'] [reps, default 3]
 # LING_CHECK_TESTS=0 / LING_CHECK_BENCH=0 / LING_CHECK_SANITIZE=0 skip the plain test runs / the four-context table /
-# the sanitizers; LING_CHECK_SANITIZE=all runs them over every staged test executable (below).
+# the sanitizers; LING_CHECK_SANITIZE=all runs them over every staged test executable (below). LING_CHECK_TRACE=1 also
+# traces one step at context 0 block by block ($OUT/trace.csv, $OUT/trace-blocks.csv) and prints the regions' medians
+# (tools/perf/trace_summary.py) and why their blocks end apart (tools/perf/trace_blocks.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -24,6 +26,12 @@ done
 if [ -x "$B/examples/ling" ] && [ "${LING_CHECK_BENCH:-1}" != 0 ]; then
   timeout 400 "$B/examples/ling" bench --spec ling3-flash --random-weights --contexts 0,4096,32768,131072 --reps "${2:-3}" \
     >"$OUT/bench.log" 2>&1
+fi
+if [ -x "$B/examples/ling" ] && [ "${LING_CHECK_TRACE:-0}" = 1 ]; then
+  LING_TRACE="$OUT/trace.csv" LING_TRACE_BLOCKS="$OUT/trace-blocks.csv" timeout 200 "$B/examples/ling" bench \
+    --spec ling3-flash --random-weights --contexts 0 --reps 1 >"$OUT/trace-bench.log" 2>&1
+  python3 tools/perf/trace_summary.py "$OUT/trace.csv" >"$OUT/trace-summary.txt" 2>&1
+  python3 tools/perf/trace_blocks.py "$OUT/trace-blocks.csv" >"$OUT/trace-blocks.txt" 2>&1
 fi
 # LING_CHECK_SANITIZE=all: memcheck and racecheck over every staged gpu test executable instead (LING_SANITIZER set,
 # so the tests skip their speed bounds), LING_SANITIZE_JOBS runs at once (default 8), each within
@@ -76,3 +84,4 @@ fi
 echo "---- summary ($(cat "$OUT/gpu.txt"))"
 printf '%s\n' "${summary[@]}"
 grep -E "streaming-read|^\| " "$OUT/bench.log" 2>/dev/null
+cat "$OUT/trace-summary.txt" "$OUT/trace-blocks.txt" 2>/dev/null
