@@ -220,7 +220,8 @@ void check_flash_variant(ling::test_gpu::FlashSteps const& graph, ling::test_gpu
 
 std::string flash_cfg() { return std::string(LING_TEST_DATA) + "/ling3-flash-config/config.json"; }
 // Steps of the Ling-3.0-flash-width cases: 8, or LING_TEST_FLASH_STEPS (1-8) for shorter runs under compute-sanitizer
-// (the sanitizer scripts pass 2: racecheck runs these cases for minutes).
+// (the sanitizer scripts pass 2: racecheck runs these cases for minutes; they also cut the vocabulary to 16 384 rows,
+// LING_TEST_FLASH_VOCAB, model_harness.cu).
 int flash_steps() {
   char const* e = std::getenv("LING_TEST_FLASH_STEPS");
   int const n = e ? std::atoi(e) : 8;
