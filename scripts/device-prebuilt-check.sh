@@ -43,7 +43,7 @@ if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
     # stdbuf: the test's output line-buffered, so that a run that dies by a signal still shows how far it got.
     # racecheck leaves out the random-weight fill kernels (no shared memory; watched, they took the host's 125 GB within
     # a minute at Ling-3.0-flash's widths, session 46) and runs the flash-width cases for 2 steps instead of 8, with a
-    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: the LM head's shared-memory reads dominate under the sanitizers)
+    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: at full size the LM head's shared-memory reads are about half of the step's)
     local -a x=()
     [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
     # and in test_cuda_model the random LM head's FP8-row quantization (157 184 blocks per flash-width model; lm_head.cuh's

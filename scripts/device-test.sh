@@ -97,7 +97,7 @@ if [ $SANITIZE = 1 ]; then
     # filters, e.g. --test-case=..., when one executable is selected)
     # racecheck leaves out the random-weight fill kernels (no shared memory; watched, they took the host's 125 GB within
     # a minute at Ling-3.0-flash's widths, session 46); the flash-width cases run 2 steps instead of 8, with a
-    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: the LM head's shared-memory reads dominate under the sanitizers)
+    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: at full size the LM head's shared-memory reads are about half of the step's)
     local -a x=()
     [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
     # and in test_cuda_model the random LM head's FP8-row quantization (157 184 blocks per flash-width model; lm_head.cuh's

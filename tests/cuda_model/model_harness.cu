@@ -17,8 +17,9 @@ namespace {
 
 // Ling-3.0-flash's widths (config_json) cut to `layers` layers; under the sanitizer scripts also to a vocabulary of
 // LING_TEST_FLASH_VOCAB rows (1024 to the config's; unset: the config's 157 184). The LM head is the same kernel
-// instance at 16 384 rows as at 157 184 (more rows than one pass of the grid's warps), and its 157 184 rows × 2 560
-// columns of shared-memory reads per step outweigh the rest of the step's under racecheck (session 47).
+// instance at 16 384 rows as at 157 184 (more rows than one pass of the grid's warps). At 157 184 rows its shared-memory
+// reads of x (~100 M per step) are about as many as the rest of the 6-layer step's together, each of them checked by
+// racecheck (session 47's estimate from the kernels' loads, not measured).
 ModelConfig flash_config(std::string const& config_json, int layers) {
   std::ifstream f(config_json);
   require(bool(f), ErrorCode::kIo, config_json + ": cannot open");
