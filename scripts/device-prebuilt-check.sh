@@ -39,19 +39,13 @@ fi
 # outran 370 s in session 25). LING_SANITIZE_TOOLS (default "racecheck memcheck") and LING_SANITIZE_EXES (a regex of
 # executable names) narrow it, as in scripts/device-test.sh. One log per run in $OUT/san-*.log.
 if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
+  source scripts/sanitize-common.sh
   san() {  # tool exe tag [doctest filter]
     # stdbuf: the test's output line-buffered, so that a run that dies by a signal still shows how far it got.
-    # racecheck leaves out the random-weight fill kernels (no shared memory; watched, they took the host's 125 GB within
-    # a minute at Ling-3.0-flash's widths, session 46) and runs the flash-width cases for 2 steps instead of 8, with a
-    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: at full size the LM head's shared-memory reads are about half of the step's)
-    local -a x=()
-    [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
-    # and in test_cuda_model the random LM head's FP8-row quantization (157 184 blocks per flash-width model; lm_head.cuh's
-    # kernel of that name uses no shared memory); with both left out the MLA flash case took 227 s (session 47)
-    [ "$1" = racecheck ] && [ "$(basename "$2")" = test_cuda_model ] && x+=(--kernel-name-exclude kns=quantize_fp8_rows)
-    (cd tests && LING_SANITIZER=$1 LING_TEST_FLASH_STEPS=${LING_TEST_FLASH_STEPS:-2} \
-      LING_TEST_FLASH_VOCAB=${LING_TEST_FLASH_VOCAB:-16384} timeout "${LING_SANITIZE_TIMEOUT:-540}" \
-      stdbuf -oL compute-sanitizer --tool "$1" "${x[@]}" --error-exitcode 9 "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
+    # sanitize-common.sh: the flash-width cases' steps and vocabulary, and racecheck's kernel exclusions
+    sanitizer_args "$1" "$2"
+    (cd tests && env "${SAN_ENV[@]}" LING_SANITIZER="$1" timeout "${LING_SANITIZE_TIMEOUT:-540}" stdbuf -oL compute-sanitizer --tool "$1" \
+      "${SAN_ARGS[@]}" --error-exitcode 9 "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
     echo "rc=$?" >>"$OUT/san-$1-$3.log"
   }
   for tool in ${LING_SANITIZE_TOOLS:-racecheck memcheck}; do

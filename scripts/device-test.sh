@@ -91,21 +91,15 @@ if [ $SANITIZE = 1 ]; then
       RUNS+=("$tool:$exe")
     done
   done
+  source "$ROOT/scripts/sanitize-common.sh"
   sanitize_one() {  # TOOL EXE: one run; its log and a line "rc seconds" in $OUT/san-TOOL-NAME.{log,rc}
     local t1 rc n; t1=$(date +%s); n=$(basename "$2")
     # LING_SANITIZER: the tests skip their speed checks; LING_SANITIZE_ARGS: arguments for every executable (doctest's
     # filters, e.g. --test-case=..., when one executable is selected)
-    # racecheck leaves out the random-weight fill kernels (no shared memory; watched, they took the host's 125 GB within
-    # a minute at Ling-3.0-flash's widths, session 46); the flash-width cases run 2 steps instead of 8, with a
-    # vocabulary of 16 384 rows (LING_TEST_FLASH_VOCAB: at full size the LM head's shared-memory reads are about half of the step's)
-    local -a x=()
-    [ "$1" = racecheck ] && x=(--kernel-name-exclude kns=fill)
-    # and in test_cuda_model the random LM head's FP8-row quantization (157 184 blocks per flash-width model; lm_head.cuh's
-    # kernel of that name uses no shared memory); with both left out the MLA flash case took 227 s (session 47)
-    [ "$1" = racecheck ] && [ $n = test_cuda_model ] && x+=(--kernel-name-exclude kns=quantize_fp8_rows)
-    (cd tests && LING_SANITIZER=$1 LING_TEST_FLASH_STEPS=${LING_TEST_FLASH_STEPS:-2} \
-      LING_TEST_FLASH_VOCAB=${LING_TEST_FLASH_VOCAB:-16384} timeout "${LING_SANITIZE_TIMEOUT:-300}" \
-        compute-sanitizer --tool "$1" "${x[@]}" --error-exitcode 9 \
+    # sanitize-common.sh: the flash-width cases' steps and vocabulary, and racecheck's kernel exclusions
+    sanitizer_args "$1" "$2"
+    (cd tests && env "${SAN_ENV[@]}" LING_SANITIZER="$1" timeout "${LING_SANITIZE_TIMEOUT:-300}" compute-sanitizer --tool "$1" "${SAN_ARGS[@]}" \
+        --error-exitcode 9 \
         "$ROOT/$2" ${LING_SANITIZE_ARGS:-} >"$OUT/san-$1-$n.log" 2>&1)
     rc=$?  # before any command substitution, which would set $? itself
     echo "$rc $(( $(date +%s) - t1 ))" >"$OUT/san-$1-$n.rc"

@@ -165,6 +165,8 @@ void cmd_bench(BenchArgs const& a) {
       unsigned long long t0 = ~0ull;
       for (std::size_t i = 0; i < t.size(); i += kP)
         if (t[i] && t[i] < t0) t0 = t[i];
+      // µs from the step's first traced entry; -1 for a record not written
+      auto us = [&](unsigned long long v) { return (v == 0 || v == ~0ull) ? -1.0 : double(v - t0) * 1e-3; };
       std::FILE* f = std::fopen(tp, "w");
       if (f) {
         std::fprintf(f, "layer,region,blocks,entry_first,entry_last,wait_first,wait_last,mid_median,mid_last,end_first,end_median,"
@@ -185,7 +187,6 @@ void cmd_bench(BenchArgs const& a) {
               if (q[3]) d0 = std::min(d0, q[3]), d1 = std::max(d1, q[3]), ends.push_back(q[3]);
             }
             if (!n) continue;
-            auto us = [&](unsigned long long v) { return (v == 0 || v == ~0ull) ? -1.0 : double(v - t0) * 1e-3; };
             auto med = [](std::vector<unsigned long long>& v) {
               if (v.empty()) return 0ull;
               std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
@@ -201,7 +202,6 @@ void cmd_bench(BenchArgs const& a) {
       if (char const* bp = std::getenv("LING_TRACE_BLOCKS"); bp && *bp) {
         std::FILE* g = std::fopen(bp, "w");
         if (g) {
-          auto us = [&](unsigned long long v) { return v ? double(v - t0) * 1e-3 : -1.0; };
           std::fprintf(g, "layer,region,block,sm,entry,wait,mid,end\n");
           for (std::size_t l = 0; l < layers; ++l)
             for (int r = 0; r < slots; ++r)
