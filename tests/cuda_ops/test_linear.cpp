@@ -216,6 +216,69 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
   }
 }
 
+// The dynamic tail (launch_matvec_multi_tail, MultiArgs::tail): the last p% of the tasks go to blocks by tickets in the
+// order the blocks get there. Each row is still one warp's sum in the same order, so the outputs are the static
+// order's bits whatever block takes the row; the counter must be back at 0 after every launch (each launch takes
+// exactly its groups plus one ticket per block, atomicInc's wrap), also when two launches share it back to back in one
+// stream. Shapes: the KDA projections' six matrices (20 512 rows of 2560: several static rounds, the groups capped at
+// 1024), ragged rows (2000 columns), and a set too small for a tail (the launcher leaves every task static). A policy
+// other than block FP8 ignores the tail; a missing counter or a share over 100% is refused.
+TEST_CASE("block FP8: the matvec's dynamic tail gives the static order's bits and puts its counter back to 0") {
+  LING_REQUIRE_GPU();
+  using P = quant::Fp8Block;
+  cuda::DeviceBuffer ctr(sizeof(unsigned), "tail counter");
+  cuda::check(cudaMemset(ctr.data(), 0, sizeof(unsigned)), "zero the counter");
+  auto counter = [&] {
+    unsigned v = 1;
+    ctr.download(&v, sizeof v);
+    return v;
+  };
+  struct Case {
+    std::int64_t cols;
+    std::vector<std::int64_t> rows;
+  };
+  for (Case const& c :
+       {Case{2560, {4096, 4096, 4096, 4096, 4096, 32}}, Case{2000, {5000, 7}}, Case{1024, {300, 1, 129}}}) {
+    CAPTURE(c.cols);
+    MultiSet<P> set(c.cols, c.rows);
+    auto const x = randn(static_cast<std::size_t>(c.cols));
+    auto const plain = fp8_outputs(set, x);
+    CHECK(rel_l2(plain, set.ref(x)) < 1e-5);
+    for (int pct : {5, 25, 40, 100}) {
+      CAPTURE(pct);
+      auto tail = [&](auto ws, float const* xp, float* y) {
+        return cuda::launch_matvec_multi_tail(ws, xp, y, nullptr, ctr.data<unsigned>(), pct);
+      };
+      CHECK(same_bits(set.run(x, tail), plain));
+      CHECK(counter() == 0u);
+      // two launches back to back on the same counter, one sync
+      DeviceVec dx(x), y1(static_cast<std::size_t>(set.total)), y2(static_cast<std::size_t>(set.total));
+      std::span<cuda::DeviceMatrix<P> const* const> ws(set.ptrs);
+      REQUIRE(tail(ws, dx.data(), y1.data()) == cudaSuccess);
+      REQUIRE(tail(ws, dx.data(), y2.data()) == cudaSuccess);
+      device_sync();
+      CHECK(same_bits(y1.get(), plain));
+      CHECK(same_bits(y2.get(), plain));
+      CHECK(counter() == 0u);
+    }
+  }
+  {  // another policy: the tail is ignored, the counter untouched
+    MultiSet<quant::Bf16> set(256, {100, 3});
+    auto const x = randn(256);
+    auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_tail(ws, xp, y, nullptr, ctr.data<unsigned>(), 50);
+    });
+    CHECK(set.err_of_terms(out, x) < 1e-5);
+    CHECK(counter() == 0u);
+  }
+  MultiSet<P> set(256, {10});
+  DeviceVec dx(randn(256)), dy(10);
+  std::span<cuda::DeviceMatrix<P> const* const> ws(set.ptrs);
+  CHECK(cuda::launch_matvec_multi_tail(ws, dx.data(), dy.data(), nullptr, nullptr, 25) == cudaErrorInvalidValue);
+  CHECK(cuda::launch_matvec_multi_tail(ws, dx.data(), dy.data(), nullptr, ctr.data<unsigned>(), 101) ==
+        cudaErrorInvalidValue);
+}
+
 // The FP8-block matvec on wgmma with tensor-map copies (matvec_wg.cuh): the KDA projections' six matrices, o_proj's
 // shape, tails of the 32- and 64-row units, units of one ring slot (512 columns), rows spanning several 128-row scale
 // blocks, units claimed from the launch's counter, both unit sizes forced, the RMSNorm prologue and a residual. Its

@@ -739,6 +739,12 @@ struct MultiArgs {
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
   unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
+  // Dynamic tail (matvec_lane_kernel, blocks of kWarps; set by the launcher from MatvecTail): the last
+  // kWarps · tail_groups tasks go to blocks in groups of kWarps by tickets from *tail, in the order the blocks get
+  // there, instead of by the static stride. *tail is 0 between launches (each launch takes exactly tail_groups +
+  // gridDim.x tickets and atomicInc wraps it to 0). Null: every task by the static stride.
+  unsigned* tail = nullptr;
+  int tail_groups = 0;
 };
 
 struct ArgmaxArgs {
@@ -1053,6 +1059,10 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
+  if (a.tail) {  // the dynamic tail's slots (zeroed before pipe_prologue's block barrier)
+    int* const sl = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
+    for (int i = int(threadIdx.x); i <= a.tail_groups; i += kBW * 32) sl[i] = 0;
+  }
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
@@ -1087,15 +1097,48 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     argmax_publish<kBW>(am, best);
     return;
   }
+  // The dynamic tail (a.tail): tasks [s_end, total) in groups of kBW, group g's task s_end + kBW g + warp for each
+  // warp. Lane 0 of warp 0 takes the block's tickets from *a.tail: the first when the warp starts its last static task,
+  // each next one when a tail round starts (so a ticket's round trip overlaps a row). It publishes round r's group in
+  // slots[r] (+1; 0: not yet), where the other warps wait for it. A group >= tail_groups ends the block's work: each
+  // block takes exactly one such ticket, so a launch takes tail_groups + gridDim.x, the wrap value of atomicInc.
+  std::int64_t const s_end = a.tail ? total - std::int64_t(kBW) * a.tail_groups : total;
+  int* const slots = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
+  bool const taker = a.tail && threadIdx.x == 0;
+  unsigned ticket = 0;  // the ticket in flight (taker)
+  auto ask = [&] { ticket = atomicInc(a.tail, unsigned(a.tail_groups) + gridDim.x - 1u); };
+  if (taker && t + stride >= s_end) ask();  // after the PDL wait (pipe_prologue): the previous launch is done
+  int round = 0;
+  auto next = [&](std::int64_t tt) -> std::int64_t {
+    if (tt + stride < s_end) {
+      if (taker && tt + 2 * stride >= s_end) ask();
+      return tt + stride;
+    }
+    if (!a.tail) return total;
+    int g = 0;
+    if (threadIdx.x < 32) {  // warp 0: its lane 0 holds the ticket
+      if (lane == 0) {
+        g = int(ticket);
+        reinterpret_cast<int volatile*>(slots)[round] = g + 1;
+        if (g < a.tail_groups) ask();
+      }
+      g = __shfl_sync(0xffffffffu, g, 0);
+    } else {
+      while ((g = reinterpret_cast<int volatile*>(slots)[round]) == 0) __nanosleep(32);
+      g -= 1;
+    }
+    ++round;
+    return g < a.tail_groups ? s_end + std::int64_t(kBW) * g + (threadIdx.x >> 5) : total;
+  };
   int ni = ci;
-  while (t < total) {  // two register sets in turn: r0 holds task t, r1 takes task t + stride
-    std::int64_t tn = t + stride;
+  while (t < total) {  // two register sets in turn: r0 holds task t, r1 takes the next task
+    std::int64_t tn = next(t);
     if (tn < total) load(tn, ni, r1);
     finish(t, ci, r0);
     ci = ni;
     t = tn;
     if (t >= total) break;
-    tn = t + stride;
+    tn = next(t);
     if (tn < total) load(tn, ni, r0);
     finish(t, ci, r1);
     ci = ni;
@@ -1259,6 +1302,16 @@ inline int matvec_lane_one_warps(std::int64_t total) {
   if (total <= two * kWarps) return 0;
   return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
 }
+// The dynamic tail of matvec_lane_kernel (MultiArgs::tail): at most this many groups of kWarps tasks.
+inline constexpr int kMaxTailGroups = 1024;
+// Groups of the dynamic tail for `total` tasks on `blocks` blocks of kWarps warps, `want` asked for: at most
+// kMaxTailGroups, and every warp keeps at least one static task (the first is loaded before the PDL wait).
+inline int matvec_tail_groups(std::int64_t total, int blocks, int want) {
+  std::int64_t const room = (total - std::int64_t(blocks) * kWarps) / kWarps;
+  std::int64_t g = want < kMaxTailGroups ? want : kMaxTailGroups;
+  g = g < room ? g : room;
+  return g > 0 ? int(g) : 0;
+}
 // LING_MATVEC_ROW_LANE=0: row FP8 (the LM head) on matvec_kernel instead of matvec_lane_kernel (A/B; the same bits);
 // read at each launch.
 inline bool matvec_row_lane_enabled() {
@@ -1274,17 +1327,28 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
   std::int64_t const total = a.task_begin[a.count];
   auto go = [&](auto kernel, std::size_t bytes, auto... tail) {  // tail: the lane kernel's argmax
     int blocks = 0;
-    cudaError_t e = persistent_grid(kernel, bytes, (total + kWarps - 1) / kWarps, blocks);
+    // the dynamic tail's slots: at most kMaxTailGroups + 1 ints (so that the grid stays as without them)
+    bool const dyn = a.tail && !am.key;  // not with the argmax epilogue (the LM head: no gain, session 48)
+    std::size_t const slot_bytes = dyn ? std::size_t(kMaxTailGroups + 1) * sizeof(int) : 0;
+    cudaError_t e = persistent_grid(kernel, bytes + slot_bytes, (total + kWarps - 1) / kWarps, blocks);
     if (e != cudaSuccess) return e;
-    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), bytes, stream, a, x, pro, tail...);
+    MultiArgs b = a;
+    b.tail_groups = dyn ? matvec_tail_groups(total, blocks, a.tail_groups) : 0;
+    if (b.tail_groups == 0) b.tail = nullptr;
+    std::size_t const sm = bytes + (b.tail ? std::size_t(b.tail_groups + 1) * sizeof(int) : 0);
+    return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), sm, stream, b, x, pro, tail...);
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block> || kRow) {
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
-      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps)
+      auto one = [&](auto kernel, int bw) {  // every warp one row (matvec_lane_one_warps): no tail to balance
         if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, a, x, pro, am);
+        MultiArgs b = a;
+        b.tail = nullptr;
+        b.tail_groups = 0;
+        return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, b, x,
+                         pro, am);
       };
       if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, 10>, 10)
@@ -1429,6 +1493,17 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
   bool ok = false;
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
   return ok ? kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream) : cudaErrorInvalidValue;
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_tail(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
+                                     cudaStream_t stream, unsigned* counter, int tail_percent) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
+  if (!ok || !counter || tail_percent < 0 || tail_percent > 100) return cudaErrorInvalidValue;
+  a.tail = counter;
+  a.tail_groups = int(a.task_begin[a.count] * tail_percent / 100 / kernels::kWarps);
+  return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }
 
 template <quant::weight_policy P>

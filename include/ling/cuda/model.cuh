@@ -567,6 +567,7 @@ class CudaModel {
     router_counter_ = scratch<unsigned>(1);
     grid_bar_ = scratch<unsigned long long>(1);
     head_counter_ = scratch<unsigned>(1);
+    tail_counter_ = scratch<unsigned>(1);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
     token_dev_ = scratch<std::int32_t>(1);
     scratch_token_ = scratch<std::int32_t>(1);
@@ -786,7 +787,8 @@ class CudaModel {
                        {&l.k.f, xf_},
                        {&l.k.g, xg_},
                        {&l.k.b, xb_},
-                       {&l.f.pred, pred_logits_}});
+                       {&l.f.pred, pred_logits_}},
+                      tail_counter_);
         }
         KdaStepArgs ka;
         ka.heads = int(c.num_attention_heads);
@@ -832,11 +834,12 @@ class CudaModel {
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}},
+                      tail_counter_);
           ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
-          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}});
+          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_counter_);
         } else {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}});
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_counter_);
         }
         MlaDecodeArgs ma;
         ma.d = mla_dims_;
@@ -985,6 +988,7 @@ class CudaModel {
   int* sel_idx_ = nullptr;
   unsigned long long* head_key_ = nullptr;
   unsigned *router_counter_ = nullptr, *head_counter_ = nullptr;
+  unsigned* tail_counter_ = nullptr;        // ops::matvec's dynamic tail (LING_MATVEC_TAIL); 0 between launches
   unsigned long long* grid_bar_ = nullptr;  // MoE launch A's grid barrier (router rows in launch A)
   // the L2 look-ahead probe (setup_ahead): the ranges of all layers, each KDA layer's first and count
   DeviceBuffer ahead_buf_;

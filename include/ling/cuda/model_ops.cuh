@@ -254,9 +254,21 @@ inline int matvec_wg_mode() {
 // each enqueue (graph capture), so that one process can run both.
 inline bool matvec_preload_enabled() { return env_on("LING_MATVEC_PRELOAD"); }
 
+// LING_MATVEC_TAIL=p: the last p% of a block-FP8 matvec's tasks (at most kernels::kMaxTailGroups groups of a block's
+// warps) handed to blocks by tickets in the order they get there, instead of by the static stride (MultiArgs::tail):
+// the KDA projections' blocks ended up to 6 µs apart, and not by when they entered (session 48's per-block trace).
+// Default 20 (H100, session 48: 2.514 against 2.536 ms/token at context 0); 0 turns it off. Read at each enqueue
+// (graph capture).
+inline int matvec_tail_percent() {
+  int const p = env_int("LING_MATVEC_TAIL", 20);
+  return p < 0 ? 0 : p > 90 ? 90 : p;
+}
+
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
-// (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints).
-inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list) {
+// (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints). tail: a counter that is 0
+// (the model's), for LING_MATVEC_TAIL; the launches of one stream may share it.
+inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list,
+                   unsigned* tail = nullptr) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   std::int64_t const cols = list.begin()->m->cols;
@@ -288,6 +300,10 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
       }
       a.trace = trace_next();
       if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+        if (int const pct = tail ? matvec_tail_percent() : 0; pct > 0) {
+          a.tail = tail;
+          a.tail_groups = int(a.task_begin[a.count] * pct / 100 / kernels::kWarps);
+        }
         std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
         if (int const wg = matvec_wg_mode();
             wg == 1 || (wg == 2 && a.row_begin[a.count] >= 16384) || (wg == 3 && launch_bytes >= (8 << 20))) {
