@@ -1115,18 +1115,19 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
       return tt + stride;
     }
     if (!a.tail) return total;
+    // shared-memory atomics for the slots: ordered without a barrier, and not data accesses to racecheck
     int g = 0;
-    if (threadIdx.x < 32) {  // warp 0: its lane 0 holds the ticket
-      if (lane == 0) {
+    if (lane == 0) {
+      if (threadIdx.x == 0) {  // warp 0's lane 0 holds the ticket
         g = int(ticket);
-        reinterpret_cast<int volatile*>(slots)[round] = g + 1;
+        atomicExch(slots + round, g + 1);
         if (g < a.tail_groups) ask();
+      } else {
+        while ((g = atomicAdd(slots + round, 0)) == 0) __nanosleep(32);
+        g -= 1;
       }
-      g = __shfl_sync(0xffffffffu, g, 0);
-    } else {
-      while ((g = reinterpret_cast<int volatile*>(slots)[round]) == 0) __nanosleep(32);
-      g -= 1;
     }
+    g = __shfl_sync(0xffffffffu, g, 0);
     ++round;
     return g < a.tail_groups ? s_end + std::int64_t(kBW) * g + (threadIdx.x >> 5) : total;
   };
