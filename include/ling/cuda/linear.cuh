@@ -739,10 +739,11 @@ struct MultiArgs {
   float const* residual[kMaxMultiMatrices];        // added to it (may alias out[i]), or null
   int count = 0;
   unsigned long long* trace = nullptr;             // step timeline region (measurements), or null
-  // Dynamic tail (matvec_lane_kernel, blocks of kWarps; set by the launcher from MatvecTail): the last
+  // Dynamic tail (matvec_lane_kernel, blocks of kWarps; asked for by the caller, ops::matvec or
+  // launch_matvec_multi_tail, and clamped by launch_matvec_pipe, which drops it where it does not apply): the last
   // kWarps · tail_groups tasks go to blocks in groups of kWarps by tickets from *tail, in the order the blocks get
   // there, instead of by the static stride. *tail is 0 between launches (each launch takes exactly tail_groups +
-  // gridDim.x tickets and atomicInc wraps it to 0). Null: every task by the static stride.
+  // gridDim.x tickets and atomicInc wraps it to 0). Null: every task by the static stride. Other kernels ignore it.
   unsigned* tail = nullptr;
   int tail_groups = 0;
 };
@@ -1328,7 +1329,8 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
   std::int64_t const total = a.task_begin[a.count];
   auto go = [&](auto kernel, std::size_t bytes, auto... tail) {  // tail: the lane kernel's argmax
     int blocks = 0;
-    // the dynamic tail's slots: at most kMaxTailGroups + 1 ints (so that the grid stays as without them)
+    // the dynamic tail's slots: the grid sized for the most slots (kMaxTailGroups + 1 ints), so that it does not
+    // depend on the tail's size
     bool const dyn = a.tail && !am.key;  // not with the argmax epilogue (the LM head: no gain, session 48)
     std::size_t const slot_bytes = dyn ? std::size_t(kMaxTailGroups + 1) * sizeof(int) : 0;
     cudaError_t e = persistent_grid(kernel, bytes + slot_bytes, (total + kWarps - 1) / kWarps, blocks);
