@@ -8,8 +8,8 @@ For each layer kind (KDA / MLA) and region it prints, as medians over the layers
   account for when blocks arrive), with the block index (the static row split) and with the wait exit;
 - the ends of the blocks that entered in the last quarter against the first quarter;
 - for the blocks that entered after the region's first wait exit (their dependence had resolved before they came):
-  how many, and the median of their wait exit minus their entry, which is then the code before their wait (requests,
-  barriers' setup, instruction fetch), not the wait;
+  how many per layer on average, and the median over all layers' such blocks of their wait exit minus their entry,
+  which is then the code before their wait (requests, barriers' setup, instruction fetch), not the wait;
 - per SM: how late its blocks end against the layer's median, averaged over the layers, and how well that lateness
   agrees between the even and the odd layers (a correlation near 1: some SMs are slow in every layer, e.g. their DRAM
   or L2 service; near 0: no SM is persistently slow), with the slowest SMs.
@@ -93,8 +93,9 @@ def main(path, wanted):
             late = [b["wait"] - b["entry"] for b in bl if b["entry"] > w0]
             row["n_after"] = len(late)
             row["pre_after"] = statistics.median(late) if late else float("nan")
-            a = acc.setdefault((kind, name), {"rows": [], "sm": {}})
+            a = acc.setdefault((kind, name), {"rows": [], "sm": {}, "late": []})
             a["rows"].append(row)
+            a["late"].extend(late)
             for b, e in zip(bl, ends):  # per SM: lateness against this layer's median, by layer parity
                 if b["sm"] >= 0:
                     a["sm"].setdefault(b["sm"], ([], []))[l % 2].append(e - me)
@@ -108,10 +109,13 @@ def main(path, wanted):
     for key in sorted(acc):
         rows, sm = acc[key]["rows"], acc[key]["sm"]
         m = {k: med([r[k] for r in rows]) for k in rows[0]}
+        # the late entrants pooled over the layers (a median of per-layer medians would mix layers that had none)
+        m["n_after"] = len(acc[key]["late"]) / len(rows)
+        m["pre_after"] = med(acc[key]["late"])
         both = [s for s, (ev, od) in sm.items() if ev and od]
         agree = pearson([statistics.fmean(sm[s][0]) for s in both], [statistics.fmean(sm[s][1]) for s in both])
         late = sorted(((statistics.fmean(ev + od), s) for s, (ev, od) in sm.items()), reverse=True)[:5]
-        print("%-11s %5d %6.2f %6.2f | %33.2f %6.2f %6.2f | %33.2f %6.2f %6.2f | %37.2f %6.2f | %39.0f %7.2f |"
+        print("%-11s %5d %6.2f %6.2f | %33.2f %6.2f %6.2f | %33.2f %6.2f %6.2f | %37.2f %6.2f | %39.1f %7.2f |"
               " %18.2f %5d  %s  n=%d" %
               (key[0] + ":" + key[1], m["blocks"], m["entF"], m["entL"], m["endF"], m["endMd"], m["endL"],
                m["r_entry"], m["r_index"], m["r_wait"], m["late_q"], m["early_q"], m["n_after"], m["pre_after"],
