@@ -263,6 +263,14 @@ inline int matvec_tail_percent() {
   int const p = env_int("LING_MATVEC_TAIL", 20);
   return p < 0 ? 0 : p > 90 ? 90 : p;
 }
+// LING_MATVEC_TAIL_SHARE=s (1 to 100, default 100): only the first s% of the grid's blocks take part in the tail; the
+// others leave after their static tasks, so that the next launch's blocks can enter on their SMs earlier (session 48:
+// with the tail, the KDA step's blocks entered 2 µs later and its region grew 0.5 µs). A trial, written in session 48
+// and not yet run.
+inline int matvec_tail_share() {
+  int const s = env_int("LING_MATVEC_TAIL_SHARE", 100);
+  return s < 1 ? 1 : s > 100 ? 100 : s;
+}
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints). tail: a counter that is 0
@@ -303,6 +311,7 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         if (int const pct = tail ? matvec_tail_percent() : 0; pct > 0) {
           a.tail = tail;
           a.tail_groups = int(a.task_begin[a.count] * pct / 100 / kernels::kWarps);
+          a.tail_share = matvec_tail_share();
         }
         std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
         if (int const wg = matvec_wg_mode();
