@@ -222,9 +222,9 @@ TEST_CASE("block FP8: one row per warp on wider blocks gives the usual bits and 
 // exactly its groups plus one ticket per block, atomicInc's wrap), also when two launches share it back to back in one
 // stream. Shapes: the KDA projections' six matrices (20 512 rows of 2560: several static rounds, the groups capped at
 // 1024), ragged rows (2000 columns), and a set too small for a tail (the launcher leaves every task static). Also with
-// only some blocks in the tail (the first 67%, or block 0 alone: the others leave after their static tasks, and the
-// wrap counts only the blocks that take part). A policy other than block FP8 ignores the tail; a missing counter, a
-// tail over 100% or a share of 0 is refused.
+// only some blocks in the tail (the first 67%, or 1%: 3 blocks of 396 on 132 SMs; the others leave after their static
+// tasks, and the wrap counts only the blocks that take part). A policy other than block FP8 ignores the tail; a missing
+// counter, a tail over 100% or a share of 0 is refused.
 TEST_CASE("block FP8: the matvec's dynamic tail gives the static order's bits and puts its counter back to 0") {
   LING_REQUIRE_GPU();
   using P = quant::Fp8Block;
