@@ -391,12 +391,18 @@ TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static ord
 // weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
 // after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)
 // the forced experts' rows too: the forced run's bits.
-TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's bits") {
-  if (!ling::cuda::device_available()) return;
+namespace {
+// The look-ahead cases' default run, with their settings unset first.
+ling::test_gpu::FlashSteps ahead_base() {
   unsetenv("LING_AHEAD");
   unsetenv("LING_AHEAD_EARLY");
   unsetenv("LING_FORCE_EXPERTS");
-  auto const base = flash_base(4248, 3003);
+  return flash_base(4248, 3003);
+}
+}  // namespace
+TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's bits") {
+  if (!ling::cuda::device_available()) return;
+  auto const base = ahead_base();
   check_flash_env_variant(base, "LING_AHEAD", "router,shared,sdown", 4248, 3003, 0.0);
   setenv("LING_AHEAD_EARLY", "1", 1);
   check_flash_env_variant(base, "LING_AHEAD", "router,shared,sdown", 4248, 3003, 0.0);
@@ -404,10 +410,7 @@ TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) gives the default's 
 }
 TEST_CASE("the L2 look-ahead from the KDA step (LING_AHEAD) with forced routing gives the forced run's bits") {
   if (!ling::cuda::device_available()) return;
-  unsetenv("LING_AHEAD");
-  unsetenv("LING_AHEAD_EARLY");
-  unsetenv("LING_FORCE_EXPERTS");
-  auto const base = flash_base(4248, 3003);
+  auto const base = ahead_base();
   setenv("LING_FORCE_EXPERTS", "1", 1);
   auto const forced = flash_base(4248, 3003);
   check_flash_env_variant(forced, "LING_AHEAD", "experts,edown,router", 4248, 3003, 0.0);
@@ -502,7 +505,8 @@ TEST_CASE("the expert prediction (LING_PREDICT) on checkpoints: the default's bi
 
 // The probe's settings refuse what they cannot do, naming the variable: an unknown part, the forced experts' parts
 // without forcing, forcing a checkpoint's routing.
-TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS / LING_PREDICT settings, naming them") {
+TEST_CASE(
+    "CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS / LING_PREDICT / LING_MATVEC_TAIL settings, naming them") {
   if (!ling::cuda::device_available()) return;
   std::string const dir = std::string(LING_TEST_DATA) + "/ling-a-fp4";
   struct Bad {
@@ -529,6 +533,21 @@ TEST_CASE("CUDA model refuses bad LING_AHEAD / LING_FORCE_EXPERTS / LING_PREDICT
     unsetenv("LING_AHEAD");
     unsetenv("LING_FORCE_EXPERTS");
     unsetenv("LING_PREDICT");
+  }
+  // the dynamic tail's settings: whole numbers in 0..90 and 1..100 (ling::env_int_in)
+  for (auto [name, value] : {std::pair{"LING_MATVEC_TAIL", "91"}, std::pair{"LING_MATVEC_TAIL", "twenty"},
+                             std::pair{"LING_MATVEC_TAIL_SHARE", "0"}}) {
+    CAPTURE(name);
+    CAPTURE(value);
+    setenv(name, value, 1);
+    try {
+      (void)ling::cuda::CudaSession::open(dir, {4096, false, true});
+      FAIL("accepted");
+    } catch (ling::Error const& e) {
+      CHECK(e.code() == ling::ErrorCode::kInvalidArgument);
+      CHECK(std::string(e.what()).find(std::string(name) + "=" + value) != std::string::npos);
+    }
+    unsetenv(name);
   }
 }
 

@@ -1065,10 +1065,10 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  if (a.tail) {  // the dynamic tail's slots (zeroed before pipe_prologue's block barrier)
-    int* const sl = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
-    for (int i = int(threadIdx.x); i <= a.tail_groups; i += kBW * 32) sl[i] = 0;
-  }
+  // the dynamic tail's slots, after the staged input (zeroed before pipe_prologue's block barrier)
+  int* const slots = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
+  if (a.tail)
+    for (int i = int(threadIdx.x); i <= a.tail_groups; i += kBW * 32) slots[i] = 0;
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
@@ -1110,7 +1110,6 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   // block takes exactly one such ticket, so a launch takes tail_groups + takers, the wrap value of atomicInc. Blocks
   // from a.tail_takers on (when set) take none and leave after their static tasks.
   std::int64_t const s_end = a.tail ? total - std::int64_t(kBW) * a.tail_groups : total;
-  int* const slots = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
   unsigned const takers = a.tail_takers > 0 ? unsigned(a.tail_takers) : gridDim.x;
   bool const in_tail = a.tail && blockIdx.x < takers;
   bool const taker = in_tail && threadIdx.x == 0;

@@ -254,29 +254,22 @@ inline int matvec_wg_mode() {
 // each enqueue (graph capture), so that one process can run both.
 inline bool matvec_preload_enabled() { return env_on("LING_MATVEC_PRELOAD"); }
 
-// LING_MATVEC_TAIL=p: the last p% of a block-FP8 matvec's tasks (at most kernels::kMaxTailGroups groups of a block's
-// warps) handed to blocks by tickets in the order they get there, instead of by the static stride (MultiArgs::tail):
-// the KDA projections' blocks ended up to 6 µs apart, and not by when they entered (session 48's per-block trace).
-// Default 20 (H100, session 48: 2.514 against 2.536 ms/token at context 0); 0 turns it off. Read at each enqueue
-// (graph capture).
-inline int matvec_tail_percent() {
-  int const p = env_int("LING_MATVEC_TAIL", 20);
-  return p < 0 ? 0 : p > 90 ? 90 : p;
-}
-// LING_MATVEC_TAIL_SHARE=s (1 to 100, default 100): only the first s% of the grid's blocks take part in the tail; the
-// others leave after their static tasks, so that the next launch's blocks can enter on their SMs earlier (session 48:
-// with the tail, the KDA step's blocks entered 2 µs later and its region grew 0.5 µs). A trial, written in session 48
-// and not yet run.
-inline int matvec_tail_share() {
-  int const s = env_int("LING_MATVEC_TAIL_SHARE", 100);
-  return s < 1 ? 1 : s > 100 ? 100 : s;
-}
+// The dynamic tail of a block-FP8 matvec (MultiArgs::tail, docs/kernels.md): the last `percent`% of its tasks (at
+// most kernels::kMaxTailGroups groups of a block's warps) handed to blocks by tickets from `counter` in the order they
+// get there; only the first `share`% of the blocks take part. counter: 0 at rest (the model's; the launches of one
+// stream may share it); percent 0: off. The model sets it from LING_MATVEC_TAIL (default 20) and LING_MATVEC_TAIL_SHARE
+// (default 100).
+struct MatvecTail {
+  unsigned* counter = nullptr;
+  int percent = 0;
+  int share = 100;
+};
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
-// (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints). tail: a counter that is 0
-// (the model's), for LING_MATVEC_TAIL; the launches of one stream may share it.
+// (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints), with `tail` for the
+// block-FP8 launches.
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list,
-                   unsigned* tail = nullptr) {
+                   MatvecTail const& tail = {}) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   std::int64_t const cols = list.begin()->m->cols;
@@ -308,10 +301,10 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
       }
       a.trace = trace_next();
       if constexpr (std::is_same_v<P, quant::Fp8Block>) {
-        if (int const pct = tail ? matvec_tail_percent() : 0; pct > 0) {
-          a.tail = tail;
-          a.tail_groups = int(a.task_begin[a.count] * pct / 100 / kernels::kWarps);
-          a.tail_share = matvec_tail_share();
+        if (tail.counter && tail.percent > 0) {
+          a.tail = tail.counter;
+          a.tail_groups = int(a.task_begin[a.count] * tail.percent / 100 / kernels::kWarps);
+          a.tail_share = tail.share;
         }
         std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
         if (int const wg = matvec_wg_mode();
