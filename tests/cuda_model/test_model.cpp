@@ -375,8 +375,7 @@ TEST_CASE("o_proj and the MLA dense preloaded into shared memory: the CPU model 
 // The projections' dynamic tail (LING_MATVEC_TAIL=p, default 20: the last p% of a block-FP8 matvec's tasks by tickets
 // from the model's counter, MultiArgs::tail) changes no value: each row is one warp's sum in the same order whichever
 // block takes it, so the static order's bits at Ling-3.0-flash's widths, graph = eager, over several steps (the
-// counter reused by every projection launch of every step); also with only 2/3 of the blocks in the tail
-// (LING_MATVEC_TAIL_SHARE).
+// counter reused by every projection launch of every step).
 TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static order's bits at Ling-3.0-flash's widths") {
   if (!ling::cuda::device_available()) return;
   setenv("LING_MATVEC_TAIL", "0", 1);
@@ -384,7 +383,6 @@ TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static ord
   unsetenv("LING_MATVEC_TAIL");
   check_flash_env_variant(base, "LING_MATVEC_TAIL", "20", 4249, 3004, 0.0);
   check_flash_env_variant(base, "LING_MATVEC_TAIL", "90", 4249, 3004, 0.0);
-  check_flash_env_variant(base, "LING_MATVEC_TAIL_SHARE", "67", 4249, 3004, 0.0);  // the default tail, 2/3 of blocks
 }
 
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
@@ -534,9 +532,9 @@ TEST_CASE(
     unsetenv("LING_FORCE_EXPERTS");
     unsetenv("LING_PREDICT");
   }
-  // the dynamic tail's settings: whole numbers in 0..90 and 1..100 (ling::env_int_in)
+  // the dynamic tail's setting: a whole number in 0..90 (ling::env_int_in)
   for (auto [name, value] : {std::pair{"LING_MATVEC_TAIL", "91"}, std::pair{"LING_MATVEC_TAIL", "twenty"},
-                             std::pair{"LING_MATVEC_TAIL_SHARE", "0"}}) {
+                             std::pair{"LING_MATVEC_TAIL", "-1"}}) {
     CAPTURE(name);
     CAPTURE(value);
     setenv(name, value, 1);

@@ -32,9 +32,9 @@ template cudaError_t launch_router<quant::F32>(DeviceMatrix<quant::F32> const&, 
   template cudaError_t launch_moe_down<PE, PS>(MoeWeights<PE, PS> const&, MoeStep const&, float const*, float const*, \
                                                float*, cudaStream_t);
 template cudaError_t launch_matvec_multi_tail<quant::Fp8Block>(std::span<DeviceMatrix<quant::Fp8Block> const* const>,
-                                                               float const*, float*, cudaStream_t, unsigned*, int, int);
+                                                               float const*, float*, cudaStream_t, unsigned*, int);
 template cudaError_t launch_matvec_multi_tail<quant::Bf16>(std::span<DeviceMatrix<quant::Bf16> const* const>,
-                                                           float const*, float*, cudaStream_t, unsigned*, int, int);
+                                                           float const*, float*, cudaStream_t, unsigned*, int);
 #define LING_TEST_PRELOAD(P) \
   template cudaError_t launch_matvec_multi_preload<P>(std::span<DeviceMatrix<P> const* const>, float const*, float*, cudaStream_t);
 LING_TEST_PRELOAD(quant::Fp8Block)

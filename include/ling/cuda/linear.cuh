@@ -746,11 +746,6 @@ struct MultiArgs {
   // gridDim.x tickets and atomicInc wraps it to 0). Null: every task by the static stride. Other kernels ignore it.
   unsigned* tail = nullptr;
   int tail_groups = 0;
-  // Of the grid's blocks, the share (percent, from block 0; 0: all) that take part in the tail, asked for by the
-  // caller; the others leave after their static tasks, so that the next launch's blocks can enter on their SMs
-  // (LING_MATVEC_TAIL_SHARE, a trial). tail_takers: the launcher's count of them (0: every block).
-  int tail_share = 0;
-  int tail_takers = 0;
 };
 
 struct ArgmaxArgs {
@@ -1107,14 +1102,14 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   // warp. Lane 0 of warp 0 takes the block's tickets from *a.tail: the first when the warp starts its last static task,
   // each next one when a tail round starts (so a ticket's round trip overlaps a row). It publishes round r's group in
   // slots[r] (+1; 0: not yet), where the other warps wait for it. A group >= tail_groups ends the block's work: each
-  // block takes exactly one such ticket, so a launch takes tail_groups + takers, the wrap value of atomicInc. Blocks
-  // from a.tail_takers on (when set) take none and leave after their static tasks.
+  // block takes exactly one such ticket, so a launch takes tail_groups + gridDim.x, the wrap value of atomicInc.
+  // Measured and removed (session 49): only the first s% of the blocks in the tail, the others leaving after their
+  // static tasks so that the KDA step's blocks enter sooner (LING_MATVEC_TAIL_SHARE): 2.549 (67%) and 2.594 (34%)
+  // against 2.520 ms/token (H100).
   std::int64_t const s_end = a.tail ? total - std::int64_t(kBW) * a.tail_groups : total;
-  unsigned const takers = a.tail_takers > 0 ? unsigned(a.tail_takers) : gridDim.x;
-  bool const in_tail = a.tail && blockIdx.x < takers;
-  bool const taker = in_tail && threadIdx.x == 0;
+  bool const taker = a.tail && threadIdx.x == 0;
   unsigned ticket = 0;  // the ticket in flight (taker)
-  auto ask = [&] { ticket = atomicInc(a.tail, unsigned(a.tail_groups) + takers - 1u); };
+  auto ask = [&] { ticket = atomicInc(a.tail, unsigned(a.tail_groups) + gridDim.x - 1u); };
   if (taker && t + stride >= s_end) ask();  // after the PDL wait (pipe_prologue): the previous launch is done
   int round = 0;
   auto next = [&](std::int64_t tt) -> std::int64_t {
@@ -1122,7 +1117,7 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
       if (taker && tt + 2 * stride >= s_end) ask();
       return tt + stride;
     }
-    if (!in_tail) return total;
+    if (!a.tail) return total;
     // shared-memory atomics for the slots: ordered without a barrier, and not data accesses to racecheck
     int g = 0;
     if (lane == 0) {
@@ -1345,9 +1340,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     MultiArgs b = a;
     b.tail_groups = dyn ? matvec_tail_groups(total, blocks, a.tail_groups) : 0;
     if (b.tail_groups == 0) b.tail = nullptr;
-    b.tail_takers = b.tail && a.tail_share > 0 && a.tail_share < 100
-                        ? std::max(1, int(std::int64_t(blocks) * a.tail_share / 100))
-                        : 0;
     std::size_t const sm = bytes + (b.tail ? std::size_t(b.tail_groups + 1) * sizeof(int) : 0);
     return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), sm, stream, b, x, pro, tail...);
   };
@@ -1360,7 +1352,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         MultiArgs b = a;
         b.tail = nullptr;
         b.tail_groups = 0;
-        b.tail_takers = 0;
         return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, b, x,
                          pro, am);
       };
@@ -1511,13 +1502,11 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
 
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_tail(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
-                                     cudaStream_t stream, unsigned* counter, int tail_percent, int tail_share) {
+                                     cudaStream_t stream, unsigned* counter, int tail_percent) {
   bool ok = false;
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
-  if (!ok || !counter || tail_percent < 0 || tail_percent > 100 || tail_share < 1 || tail_share > 100)
-    return cudaErrorInvalidValue;
+  if (!ok || !counter || tail_percent < 0 || tail_percent > 100) return cudaErrorInvalidValue;
   a.tail = counter;
-  a.tail_share = tail_share;
   a.tail_groups = int(a.task_begin[a.count] * tail_percent / 100 / kernels::kWarps);
   return kernels::launch_matvec_args<P>(a, x, InputPrologue{}, {}, stream);
 }

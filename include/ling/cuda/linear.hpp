@@ -292,11 +292,10 @@ cudaError_t launch_matvec_multi(std::span<DeviceMatrix<P> const* const> ws, floa
 // The same with a dynamic tail (block FP8 on matvec_lane_kernel; other policies and kernels ignore it): the last
 // tail_percent% of the tasks (at most 1024 groups of a block's warps) go to blocks by tickets from *counter in the
 // order the blocks get there, instead of by the static stride. *counter must be 0 before the launch and is 0 after it;
-// launches in one stream may share it. The outputs are the same bits as without the tail. tail_share (1 to 100): the
-// percent of the blocks (from the first) that take part in the tail; the others leave after their static tasks.
+// launches in one stream may share it. The outputs are the same bits as without the tail.
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_tail(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
-                                     cudaStream_t stream, unsigned* counter, int tail_percent, int tail_share = 100);
+                                     cudaStream_t stream, unsigned* counter, int tail_percent);
 
 // The same with each block's slice of rows copied into shared memory before the PDL wait (fast layouts; every matrix
 // of one row length; at most ~112 KB of rows per SM): cudaErrorInvalidValue when the rows do not fit. linear.cuh

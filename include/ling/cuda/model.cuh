@@ -591,8 +591,7 @@ class CudaModel {
       if (l.f.pred.rows) build_route_predictor(l.f.router, l.post_norm, l.in_norm, l.f.pred);
     setup_ahead();
     // the projections' dynamic tail (ops::MatvecTail; session 48: 20% measured 0.011-0.022 ms/token faster on H100s)
-    tail_ = {tail_counter_, env_int_in("LING_MATVEC_TAIL", 20, 0, 90),
-             env_int_in("LING_MATVEC_TAIL_SHARE", 100, 1, 100)};
+    tail_ = {tail_counter_, env_int_in("LING_MATVEC_TAIL", 20, 0, 90)};
     check(cudaDeviceSynchronize(), "building the CUDA model");
     // One eager step from a zero state: sets the kernels' shared-memory attributes outside any capture and surfaces
     // launch errors early; then back to a fresh stream.

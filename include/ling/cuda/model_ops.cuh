@@ -256,13 +256,11 @@ inline bool matvec_preload_enabled() { return env_on("LING_MATVEC_PRELOAD"); }
 
 // The dynamic tail of a block-FP8 matvec (MultiArgs::tail, docs/kernels.md): the last `percent`% of its tasks (at
 // most kernels::kMaxTailGroups groups of a block's warps) handed to blocks by tickets from `counter` in the order they
-// get there; only the first `share`% of the blocks take part. counter: 0 at rest (the model's; the launches of one
-// stream may share it); percent 0: off. The model sets it from LING_MATVEC_TAIL (default 20) and LING_MATVEC_TAIL_SHARE
-// (default 100).
+// get there. counter: 0 at rest (the model's; the launches of one stream may share it); percent 0: off. The model sets
+// it from LING_MATVEC_TAIL (default 20).
 struct MatvecTail {
   unsigned* counter = nullptr;
   int percent = 0;
-  int share = 100;
 };
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
@@ -304,7 +302,6 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         if (tail.counter && tail.percent > 0) {
           a.tail = tail.counter;
           a.tail_groups = int(a.task_begin[a.count] * tail.percent / 100 / kernels::kWarps);
-          a.tail_share = tail.share;
         }
         std::int64_t const launch_bytes = a.row_begin[a.count] * cols;
         if (int const wg = matvec_wg_mode();
