@@ -17,9 +17,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <cstdlib>
-#include <mutex>
 #include <type_traits>
-#include <vector>
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.hpp"
@@ -404,36 +402,15 @@ inline bool pdl_enabled() {
   return on;
 }
 
-// LING_CARVEOUT=p (0 to 100; unset or negative: the driver's choice): the preferred shared-memory carveout of every
-// kernel launched by launch_cluster_ex (a measurement, session 49: whether the SMs' L1/shared reconfiguration between
-// launches of different shared-memory needs holds back the next launch's blocks). Set once per kernel, at its first
-// launch (the model's eager step, outside any graph capture).
-inline int carveout_setting() {
-  static int const v = [] {
-    char const* e = std::getenv("LING_CARVEOUT");
-    int const p = e && *e ? std::atoi(e) : -1;
-    return p < 0 ? -1 : p > 100 ? 100 : p;
-  }();
-  return v;
-}
-inline cudaError_t apply_carveout(void const* kernel) {
-  int const c = carveout_setting();
-  if (c < 0) return cudaSuccess;
-  static std::mutex mu;
-  static std::vector<void const*> done;
-  std::lock_guard<std::mutex> lock(mu);
-  for (void const* k : done)
-    if (k == kernel) return cudaSuccess;
-  done.push_back(kernel);
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, c);
-}
-
 // Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream; with
 // clusters of `cluster` blocks along x when cluster > 0 (the grid a multiple of it).
+// Measured and removed (session 49, docs/performance.md): a preferred shared-memory carveout for every kernel
+// launched here (LING_CARVEOUT), so that no SM changes its L1/shared split between launches. At 100% (the largest
+// shared memory) 2.571 against 2.533 ms/token (H100): launch A's last wait exit 0.33-0.42 µs earlier, but the KDA
+// projections 1.4 µs longer; with the lane matvecs left at the driver's choice 2.563 against 2.524; at 0% 2.781.
 template <class... KArgs, class... Args>
 inline cudaError_t launch_cluster_ex(void (*kernel)(KArgs...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t st,
                                      unsigned cluster, Args const&... args) {
-  if (cudaError_t const e = apply_carveout(reinterpret_cast<void const*>(kernel)); e != cudaSuccess) return e;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
