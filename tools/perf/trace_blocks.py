@@ -91,8 +91,6 @@ def main(path, wanted):
             }
             w0 = min(b["wait"] for b in bl)
             late = [b["wait"] - b["entry"] for b in bl if b["entry"] > w0]
-            row["n_after"] = len(late)
-            row["pre_after"] = statistics.median(late) if late else float("nan")
             a = acc.setdefault((kind, name), {"rows": [], "sm": {}, "late": []})
             a["rows"].append(row)
             a["late"].extend(late)
