@@ -272,6 +272,7 @@ void cmd_bench(BenchArgs const& a) {
     j["gpu_memory_used_gib"] = double(total - free1) / gib;
     j["model_arena_gib"] = double(model->arena_bytes()) / gib;
     j["build_s"] = build_s;
+    j["moe_pace_cycles"] = ling::cuda::moe_pace_used().load();
     j["reps"] = a.reps;
     j["tokens_per_rep"] = a.tokens;
     if (model->predicting())
@@ -301,6 +302,11 @@ void cmd_bench(BenchArgs const& a) {
         "- MLA chain in one launch (mla_short) at positions below %d; a row times positions context + 4 "
         "to context + %d\n",
         n, 3 + a.tokens);
+  if (int const pace = ling::cuda::moe_pace_used(); pace >= 0)
+    std::printf(
+        "- MoE launch A's routed tiles paced %d SM cycles apart per warp (LING_MOE_PACE, or the device's: one tile "
+        "at an SM's share of the peak DRAM rate)\n",
+        pace);
   if (model->predicting())
     std::printf(
         "- LING_PREDICT=%d: the predicted experts were %lld of the router's %lld picks (%.1f%%) over %d steps at "

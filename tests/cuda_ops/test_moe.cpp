@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "ling/cuda/moe.hpp"
+#include "ling/cuda/moe_pace.hpp"
 #include "util.hpp"
 
 using namespace ling;
@@ -222,6 +223,28 @@ TEST_CASE("moe: MXFP4 routed experts + FP8-block shared expert, clamps on and of
   unsetenv("LING_MOE_DOWN_LANE");
   unsetenv("LING_MOE_LANE_ROWS");
   unsetenv("LING_MOE_Q8");
+}
+
+// Launch A's pace (MoeArgs::pace): unset, the launcher gives the routed tiles the device's pace, one tile at an SM's
+// share of the peak DRAM rate (moe_pace.hpp), from the device's own attributes; at Ling's shape 4 gate and 4 up rows
+// of 1280 bytes and their 80 scale bytes each. The outputs are checked as everywhere (the pace moves no value).
+TEST_CASE("moe: launch A's routed tiles take the device's pace") {
+  LING_REQUIRE_GPU();
+  if (std::getenv("LING_MOE_PACE") || std::getenv("LING_MOE_ROWS_A")) return;  // a set pace or tile (measurements)
+  int dev = 0, sms = 0, sm_khz = 0, mem_khz = 0, bus = 0;
+  REQUIRE(cudaGetDevice(&dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev) == cudaSuccess);
+  REQUIRE(cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, dev) == cudaSuccess);
+  MESSAGE("SMs ", sms, ", SM clock ", sm_khz, " kHz, memory clock ", mem_khz, " kHz, bus ", bus, " bits: peak ",
+          cuda::moe_pace::peak_bandwidth(mem_khz, bus) / 1e9, " GB/s");
+  cuda::moe_pace_used() = -1;
+  check_moe<quant::Mxfp4, quant::Fp8Block>(2560, 768, 768, 12, 8, 4.0f, 7.0f);
+  int const want = cuda::moe_pace::cycles(2 * 4 * (1280 + 80), sms, sm_khz, mem_khz, bus, -2);
+  CHECK(want > 0);  // the attributes were read
+  CHECK(cuda::moe_pace_used() == want);
+  MESSAGE("launch A's pace: ", cuda::moe_pace_used().load(), " SM cycles");
 }
 
 // Launch A's streamed kernel (per-warp cp.async rings in shared memory; moe.cuh) runs Ling's formats by default; the

@@ -16,15 +16,17 @@
 #include "ling/cuda/grid_round.hpp"
 #include "ling/cuda/linear.cuh"
 #include "ling/cuda/moe.hpp"
+#include "ling/cuda/moe_pace.hpp"
 #include "ling/cuda/router.cuh"
 #include "ling/cuda/wgmma.cuh"
 
 namespace ling::cuda::kernels {
 
 inline constexpr int kMoeFlatUnroll = 8;  // chunks per lane per batch in launch B
-// SM cycles between the routed tiles' copies of successive warps of a launch A block (MoeArgs::pace). Measured (H200,
+// SM cycles between the routed tiles' copies of successive warps of a launch A block (MoeArgs::pace) where the device's
+// attributes cannot be read; otherwise the launcher derives the pace from the device (moe_pace.hpp). Measured (H200,
 // 2026-12-04, context 0, alternated in one process): 2.238 / 2.238 ms/token against 2.263 / 2.264 issued at once;
-// 450 cycles 2.255 / 2.255, 1000 cycles 2.278.
+// 450 cycles 2.255 / 2.255, 550 2.239, 1000 cycles 2.278. On an H100 (2026-12-06): 2.538-2.540 against 2.528 at 850.
 inline constexpr int kMoePaceA = 700;
 
 __device__ __forceinline__ float swiglu(float a, float b, float limit) {
@@ -72,9 +74,10 @@ struct MoeArgs {
   // 4 when the block's last tile has landed (the latest of its warps), 5 when its warps have issued their tiles' copies.
   int trace_mid = 0;
   // Launch A's r-th warp with routed tiles issues them pace · r SM cycles after the selection, so that a block's
-  // tiles land in order (bench/probes/tile_landing; docs/kernels.md "Launch A's routed tiles paced"). The model takes
-  // LING_MOE_PACE (moe_pace_a); 0 issues them all at once.
-  int pace = kMoePaceA;
+  // tiles land in order (bench/probes/tile_landing; docs/kernels.md "Launch A's routed tiles paced"). Negative: the
+  // launcher sets the device's pace for the routed tile's bytes (moe_pace_device); LING_MOE_PACE (moe_pace_a) sets it
+  // for the model; 0 issues them all at once.
+  int pace = -1;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -1302,13 +1305,22 @@ inline int moe_stream_stage_cap() {
 // =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
 // elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
 inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
-// MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps (default kMoePaceA)
+// MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps; unset, -1 (the launcher takes
+// the device's, moe_pace_device)
 inline int moe_pace_a() {
   static int const v = [] {
     char const* e = std::getenv("LING_MOE_PACE");
-    return e && *e ? std::max(0, std::min(std::atoi(e), 1 << 16)) : kMoePaceA;
+    return e && *e ? std::max(0, std::min(std::atoi(e), moe_pace::kMaxCycles)) : -1;
   }();
   return v;
+}
+// The device's pace for routed tiles of tile_bytes (moe_pace.hpp): one tile at the SM's share of the DRAM's peak rate;
+// kMoePaceA where the attributes cannot be read.
+inline int moe_pace_device(std::int64_t tile_bytes) {
+  static int const sm_khz = current_device_attribute(cudaDevAttrClockRate);
+  static int const mem_khz = current_device_attribute(cudaDevAttrMemoryClockRate);
+  static int const bus = current_device_attribute(cudaDevAttrGlobalMemoryBusWidth);
+  return moe_pace::cycles(tile_bytes, sm_count(), sm_khz, mem_khz, bus, kMoePaceA);
 }
 inline int moe_stream_blocks_per_sm(int warps) { return warps == 8 ? 2 : 1; }
 inline int smem_per_sm_bytes() {
@@ -1450,6 +1462,8 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         return false;  // 128: the ring's alignment
       if (err != cudaSuccess) return true;
       MoeArgs b = a;
+      if (b.pace < 0) b.pace = moe_pace_device(2 * std::int64_t(sp.rows) * (a.gate.ld + nblk));  // rows + scales
+      moe_pace_used() = b.pace;
       if (a.router.data && !router_in_a_fits(kernel, a, p, n_stage, w, smem, blocks)) {
         if ((err = launch_router_logits(a, u, pro, stream)) != cudaSuccess) return true;
         b.router = MatrixArgs{};

@@ -30,6 +30,13 @@ inline std::atomic<int>& moe_wg_a_launches() {
   return n;
 }
 
+// The pace (SM cycles) given to the last MoE launch A in this process, or -1 before any: `ling bench`
+// prints it and the tests check it (moe.cuh, moe_pace.hpp).
+inline std::atomic<int>& moe_pace_used() {
+  static std::atomic<int> n{-1};
+  return n;
+}
+
 template <quant::weight_policy PE, quant::weight_policy PS = PE>
 struct MoeWeights {
   DeviceMatrix<PE> gate, up, down;                       // count = num_experts
