@@ -3,8 +3,9 @@
 // warps, so that a block's tiles land one after another, in the order its warps decode them, instead of together at
 // the end of the DRAM phase (docs/kernels.md "Launch A's routed tiles paced"). The device's pace is the interval at
 // which the SM's share of the DRAM's peak rate delivers one tile: tile bytes × SMs × SM clock / peak bandwidth. It
-// lands on what was measured best on each machine: 848 cycles on an H100 (measured 850-900 best, 2.528 against 2.539
-// ms/token at 700; session 50) and ~580 on an H200 (measured 550-700 alike, 2.239 and 2.237 ms/token, session 30).
+// lands where each machine measured best: 848 cycles on an H100 (850-900 best there; in place 2.525 against 2.535
+// ms/token at 700, session 50), and ~580 on an H200 by its 4.8-4.9 TB/s peak, where 550 and 700 measured alike (2.239
+// and 2.237 ms/token, session 30; the derived pace not yet run there).
 // Host arithmetic, so that a CPU test checks it (tests/core/test_moe_pace.cpp).
 #include <cstdint>
 
