@@ -26,113 +26,13 @@
 namespace {
 
 using namespace ling::cuda::kernels;
-using ling::cuda::kRouterMaxExperts;
 
-enum Mode { kCand, kTwoPass, kBar, kShfl, kRedux, kBallot, kMatch, kLds, kMarked, kModes };
-char const* const kNames[kModes] = {"candidates (router_select_fast)",
-                                    "two-pass (router_select_block)",
-                                    "__syncthreads, 512 threads",
-                                    "shfl",
-                                    "redux.max",
-                                    "ballot",
-                                    "match.any",
-                                    "dependent shared load",
-                                    "candidates with marks (below)"};
+enum Mode { kCand, kTwoPass, kBar, kShfl, kRedux, kBallot, kMatch, kLds, kModes };
+char const* const kNames[kModes] = {"candidates (router_select_fast)", "two-pass (router_select_block)",
+                                    "__syncthreads, 512 threads", "shfl", "redux.max", "ballot", "match.any",
+                                    "dependent shared load"};
 
-// Thread 0's clock after `dep` is computed (the asm takes it as an input, so the compiler cannot move the read before
-// the value's chain).
-__device__ __forceinline__ long long mark_after(std::uint32_t dep) {
-  long long t;
-  asm volatile("{\n\t.reg .u32 d;\n\tmov.u32 d, %1;\n\tmov.u64 %0, %%clock64;\n\t}" : "=l"(t) : "r"(dep) : "memory");
-  return t;
-}
-inline constexpr int kMarks = 11;
-char const* const kMarkNames[kMarks] = {"score (sigmoid, bias, key)",
-                                        "chunk top-2 (two redux, ballot, store)",
-                                        "block barrier 1",
-                                        "group top-2 (shared loads)",
-                                        "kept groups (8 shfl, ballot)",
-                                        "threshold (redux.min), candidate ballot",
-                                        "append (shared atomic, shfl, stores)",
-                                        "block barrier 2",
-                                        "warp 0 ranks (16 loads, compares, stores)",
-                                        "block barrier 3",
-                                        "weights (router_write_picks)"};
-
-__device__ __forceinline__ void put(long long* mk, int i, long long t) {
-  if (threadIdx.x == 0) mk[i] = t;
-}
-
-// router_select_cand followed by router_select_fast's weights, the same steps with thread 0's clock read after each
-// (the default's code, copied here for the marks only; Ling's shape, where the candidate path applies).
-__device__ void cand_marked(RouteSel const& a, RouteAhead const& ra, int* out_idx, float* out_w, long long* mk) {
-  __shared__ __align__(16) uint2 s_top2[kRouterMaxExperts / 32];
-  __shared__ __align__(16) unsigned long long s_ckey[32];
-  __shared__ float s_cs[32];
-  __shared__ int s_n;
-  int const e = int(threadIdx.x), lane = e & 31, warp = e >> 5;
-  int const nh = (a.experts / a.n_group) >> 5;
-  put(mk, 0, clock64());
-  float const s = router_score(ra.l[0]), v = s + ra.b[0];
-  std::uint32_t const key = ordered_bits(v);
-  put(mk, 1, mark_after(key));
-  router_chunk_top2(v, s_top2[warp]);
-  if (e == 0) s_n = 0;
-  put(mk, 2, mark_after(s_top2[0].x));
-  __syncthreads();
-  put(mk, 3, clock64());
-  uint2 const t = router_group_top2(a, s_top2, nh);
-  put(mk, 4, mark_after(t.x ^ t.y));
-  unsigned const keep = router_keep_groups(a, t);
-  put(mk, 5, mark_after(keep));
-  std::uint32_t const thr = __reduce_min_sync(0xffffffffu, ((keep >> lane) & 1u) ? t.y : 0xFFFFFFFFu);
-  bool const cand = ((keep >> (warp / nh)) & 1u) && key >= thr;
-  unsigned const bal = __ballot_sync(0xffffffffu, cand);
-  put(mk, 6, mark_after(bal));
-  if (bal != 0u) {
-    int const lead = __ffs(bal) - 1;
-    int base = 0;
-    if (lane == lead) base = atomicAdd(&s_n, __popc(bal));
-    base = __shfl_sync(0xffffffffu, base, lead);
-    int const slot = base + __popc(bal & ((1u << lane) - 1u));
-    if (cand && slot < 32) {
-      s_ckey[slot] = (static_cast<unsigned long long>(key) << 32) | (0xFFFFFFFFu - std::uint32_t(e));
-      s_cs[slot] = s;
-    }
-  }
-  put(mk, 7, clock64());
-  __syncthreads();
-  put(mk, 8, clock64());
-  int const n = s_n;
-  if (warp == 0 && n <= 32 && n >= a.top_k) {
-    unsigned long long const ck = lane < n ? s_ckey[lane] : 0ull;
-    float const cs = lane < n ? s_cs[lane] : 0.f;
-    ulonglong2 const* const k2 = reinterpret_cast<ulonglong2 const*>(s_ckey);
-    std::uint32_t gt = 0u;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      ulonglong2 const w = k2[i];
-      gt |= (std::uint32_t(w.x > ck) << (2 * i)) | (std::uint32_t(w.y > ck) << (2 * i + 1));
-    }
-    int const r = __popc(gt & (n == 32 ? 0xFFFFFFFFu : (1u << n) - 1u));
-    if (lane < n && r < a.top_k) {
-      out_idx[r] = int(0xFFFFFFFFu - std::uint32_t(ck & 0xFFFFFFFFu));
-      s_cs[r] = cs;  // (the default writes a separate array; here the ranks overwrite the candidates' scores)
-    }
-    put(mk, 9, mark_after(gt));
-  }
-  __syncthreads();
-  put(mk, 10, clock64());
-  if (threadIdx.x < 32) {
-    int const chosen = lane < a.top_k ? out_idx[lane] : 0;
-    float const w = lane < a.top_k ? s_cs[lane] : 0.f;
-    router_write_picks(a, chosen, w, s_cs, nullptr, out_w, nullptr, nullptr);
-    put(mk, 11, mark_after(__float_as_uint(lane < a.top_k ? out_w[lane] : 0.f)));
-  }
-}
-
-__global__ void __launch_bounds__(512, 1)
-    chain_kernel(RouteSel a, int iters, int mode, long long* cycles, int* picks, long long* marks) {
+__global__ void __launch_bounds__(512, 1) chain_kernel(RouteSel a, int iters, int mode, long long* cycles, int* picks) {
   extern __shared__ float4 smem_f4[];
   float* const scratch = reinterpret_cast<float*>(smem_f4);
   __shared__ int s_idx[32];
@@ -151,12 +51,6 @@ __global__ void __launch_bounds__(512, 1)
     } else if (mode == kTwoPass) {
       router_select_block(a, scratch, scratch + a.experts, s_idx, s_w, ra, true);
       __syncthreads();
-    } else if (mode == kMarked) {
-      __shared__ long long mk[kMarks + 1];
-      cand_marked(a, ra, s_idx, s_w, mk);
-      __syncthreads();
-      if (threadIdx.x == 0 && it >= 2)
-        for (int i = 0; i < kMarks; ++i) marks[std::int64_t(blockIdx.x) * kMarks + i] += mk[i + 1] - mk[i];
     } else if (mode == kBar) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) __syncthreads();
@@ -203,9 +97,6 @@ int main() {
   CK(cudaMalloc(&db, E * sizeof(float)));
   CK(cudaMalloc(&dcyc, blocks * sizeof(long long)));
   CK(cudaMalloc(&dpicks, 16 * sizeof(int)));
-  long long* dmarks = nullptr;
-  CK(cudaMalloc(&dmarks, std::size_t(blocks) * kMarks * sizeof(long long)));
-  CK(cudaMemset(dmarks, 0, std::size_t(blocks) * kMarks * sizeof(long long)));
   CK(cudaFuncSetAttribute(chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * E * int(sizeof(float))));
   RouteSel a;
   a.logits = dl;
@@ -238,7 +129,7 @@ int main() {
   std::printf("select_chain: %d SMs at %d MHz; cycles per call (or per 16 dependent ops), mean over %d blocks\n", sms,
               clk / 1000, blocks);
   for (int m = 0; m < kModes; ++m) {
-    chain_kernel<<<blocks, E, 2 * E * sizeof(float)>>>(a, iters, m, dcyc, dpicks, dmarks);
+    chain_kernel<<<blocks, E, 2 * E * sizeof(float)>>>(a, iters, m, dcyc, dpicks);
     CK(cudaDeviceSynchronize());
     std::vector<long long> c(blocks);
     CK(cudaMemcpy(c.data(), dcyc, blocks * sizeof(long long), cudaMemcpyDeviceToHost));
@@ -246,27 +137,13 @@ int main() {
     for (long long x : c) mean += double(x) / blocks;
     std::printf("  %-34s %7.0f cycles  %6.0f ns%s\n", kNames[m], mean, mean * 1e6 / clk, m >= kBar ? "  (16 ops)" : "");
   }
-  {  // the marked pass's steps: thread 0's clock between marks, mean over the blocks and repetitions
-    std::vector<long long> mk(std::size_t(blocks) * kMarks);
-    CK(cudaMemcpy(mk.data(), dmarks, mk.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-    std::printf("candidates, step by step (thread 0's clock; the marks themselves add a few cycles each):\n");
-    double total = 0;
-    for (int i = 0; i < kMarks; ++i) {
-      double mean = 0;
-      for (int b = 0; b < blocks; ++b)
-        mean += double(mk[std::size_t(b) * kMarks + std::size_t(i)]) / (iters - 2) / blocks;
-      total += mean;
-      std::printf("  %-44s %6.0f cycles\n", kMarkNames[i], mean);
-    }
-    std::printf("  %-44s %6.0f cycles\n", "sum", total);
-  }
   int differ = 0;
   for (int t = 0; t < 40; ++t) {
     upload(t);
     int got[2][16];
     for (int m = 0; m < 2; ++m) {
       CK(cudaMemset(dpicks, 0xFF, 16 * sizeof(int)));
-      chain_kernel<<<1, E, 2 * E * sizeof(float)>>>(a, 3, m, dcyc, dpicks, dmarks);
+      chain_kernel<<<1, E, 2 * E * sizeof(float)>>>(a, 3, m, dcyc, dpicks);
       CK(cudaDeviceSynchronize());
       CK(cudaMemcpy(got[m], dpicks, sizeof got[m], cudaMemcpyDeviceToHost));
     }

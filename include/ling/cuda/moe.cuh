@@ -953,10 +953,8 @@ __host__ __device__ constexpr int stream_q_slots(int nblk, RouteSel const& r) {
 // tiles' copies at once after stage_q8's block barrier, against the default's paced issue. 9 decodes the routed tiles
 // on FP8 wgmma (routed_decode_wgmma; a trial): one tile per warp, the shared expert's on warps 0-3 and the routed ones
 // on warps 4-15, whose warpgroups decode their four tiles together; the routed rows copied one by one, kWgRowPad bytes
-// apart; B staged instead of stage_q8's limbs; the warpgroups paced 4 · pace cycles apart. 12 (outputs correct, a
-// trial, session 52) issues the shared expert's tiles after the selection instead of before the PDL wait, 13 also
-// copies the router rows after the wait: what launch A's requests before its wait cost its wait exit and its chain. The
-// paced issue (the default since session 30; docs/kernels.md "Launch A's routed tiles paced"): the r-th warp of the
+// apart; B staged instead of stage_q8's limbs; the warpgroups paced 4 · pace cycles apart.
+// The paced issue (the default since session 30; docs/kernels.md "Launch A's routed tiles paced"): the r-th warp of the
 // block with routed tiles issues their copies MoeArgs::pace · r SM cycles after the selection, so that they land in
 // the order of the warps' decode (bench/probes/tile_landing: issued at once they land together at the end of the
 // DRAM phase). No block barrier waits for a paced warp: each thread arrives on an mbarrier once its limbs are staged,
@@ -984,7 +982,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
   constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
-  constexpr bool kSharedLate = kDiag == 12 || kDiag == 13, kRouterLate = kDiag == 13;  // trials (above)
   int const q_slots = kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route);
   float* const sx = reinterpret_cast<float*>(q + q_slots);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -1065,8 +1062,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   __syncwarp();
   // this warp's leading shared-expert tiles, issued before the wait
   int pre = 0;
-  if constexpr (!kSharedLate)
-    while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) ++pre;
+  while (pre < mine && pre < D && tile_of(pre) < sp.shared_tiles) ++pre;
   // router rows in this launch: warp kW - 1 - j takes row b + j · grid, copied before the wait (cp.async, the only
   // commit group) into the warp's first ring buffer that no early tile holds (its routed tiles are issued only after
   // the selection; router_rows_in_ring checked that this buffer exists for every router warp)
@@ -1074,10 +1070,8 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const rrow = std::int64_t(b) + std::int64_t(kW - 1 - warp) * G;
   bool const rmine = rin && rrow < a.router.rows;
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
-  if (!kRouterLate) {
-    if (rmine) router_row_copy(a.router, rrow, rsm);
-    if (rin) cp_async_commit();
-  }
+  if (rmine) router_row_copy(a.router, rrow, rsm);
+  if (rin) cp_async_commit();
   for (int m = 0; m < pre; ++m) issue(m);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
@@ -1085,10 +1079,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  if (kRouterLate) {
-    if (rmine) router_row_copy(a.router, rrow, rsm);
-    if (rin) cp_async_commit();
-  }
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
@@ -1314,12 +1304,7 @@ inline int moe_stream_stage_cap() {
 // A/B against the paced issue.
 // =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
 // elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
-// =12: the shared expert's tiles issued after the selection, not before the PDL wait; =13: the router rows' copies
-// after the wait as well (trials, session 52; outputs correct).
-inline int moe_diag_a() {
-  int const v = env_int("LING_MOE_DIAG_A", 0);
-  return v >= 1 && v <= 13 ? v : 0;
-}
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
 // MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps; unset, -1 (the launcher takes
 // the device's, moe_pace_device)
 inline int moe_pace_a() {
@@ -1493,8 +1478,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       }
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
       if (biased && diag == 8) return go(moe_gate_up_stream_kernel<16, true, 8>, 16);
-      if (biased && diag == 12) return go(moe_gate_up_stream_kernel<16, true, 12>, 16);
-      if (biased && diag == 13) return go(moe_gate_up_stream_kernel<16, true, 13>, 16);
       if (biased && diag == 9 && moe_wg_a_fits(a, sp, sp.tiles < sm_count() ? sp.tiles : sm_count())) {
         std::int64_t const pro9 =
             std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots_wg(int(nblk), a.route)) * 8 + nblk * 4;
