@@ -395,15 +395,6 @@ TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static ord
   check_flash_env_variant(base, "LING_MATVEC_TAIL", "90", 4249, 3004, 0.0);
 }
 
-// Launch B's warps paced (LING_MOE_B_PACE=n SM cycles between a block's warps; a trial, session 52) change no value:
-// at Ling-3.0-flash's widths the default's bits, graph = eager, over several steps.
-TEST_CASE("launch B's warps paced (LING_MOE_B_PACE) give the default's bits at Ling-3.0-flash's widths") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_MOE_B_PACE");
-  auto const base = flash_base(4253, 3008);
-  check_flash_env_variant(base, "LING_MOE_B_PACE", "400", 4253, 3008, 0.0);
-}
-
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
 // weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
 // after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)

@@ -78,9 +78,6 @@ struct MoeArgs {
   // launcher sets the device's pace for the routed tile's bytes (moe_pace_device); LING_MOE_PACE (moe_pace_a) sets it
   // for the model; 0 issues them all at once.
   int pace = -1;
-  // Launch B's warp w issues its row's loads pace_b · w SM cycles after the staging (moe_down_lane_kernel's kPacedB
-  // instance, a trial: LING_MOE_B_PACE; 0, the default, issues every warp's loads at once).
-  int pace_b = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -1317,12 +1314,6 @@ inline int moe_pace_a() {
   }();
   return v;
 }
-// MoeArgs::pace_b for the model: LING_MOE_B_PACE=n SM cycles between launch B's warps (a trial); unset, 0. Read at
-// each enqueue (graph capture), so that a test can set it between two models in one process.
-inline int moe_pace_b() {
-  char const* e = std::getenv("LING_MOE_B_PACE");
-  return e && *e ? std::max(0, std::min(std::atoi(e), moe_pace::kMaxCycles)) : 0;
-}
 // The device's pace for routed tiles of tile_bytes (moe_pace.hpp): one tile at the SM's share of the DRAM's peak rate;
 // kMoePaceA where the attributes cannot be read.
 inline int moe_pace_device(std::int64_t tile_bytes) {
@@ -1569,10 +1560,7 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // the staged inputs also covered the rows).
 // Sessions 40-41 probed it (LING_MOE_B_DIAG, removed once answered; docs/kernels.md "Launch B's rows by bulk copies"):
 // without its decode it ends 0.6 µs sooner, and its rows come back ~5 µs after its staging, so its loads set its time.
-// kPacedB (a trial, session 52): warp w requests its row pace_b · w SM cycles after the staging's barrier, so that the
-// rows land in the order of the warps and the early ones are decoded while the later ones stream, as launch A's paced
-// tiles do.
-template <class KS, int kU, bool kFull, int R, bool kOnce = false, bool kPacedB = false>
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
 __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
@@ -1610,7 +1598,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
   }
   __syncthreads();
   trace_mark(a.trace_b, 2);
-  [[maybe_unused]] long long const t_staged = kPacedB ? clock64() : 0;
 
   // this lane's chunks: byte offsets of their 16 bytes of row 0 from the first expert's data and of their scale byte
   // from its scales (32 bits: the launcher checks the expert tensors are < 4 GB), routing weight × input scale
@@ -1636,11 +1623,6 @@ __global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
     for (int n = 0; n < R; ++n) rr[n] = r0 + n < rows ? r0 + n : r0;
     [[maybe_unused]] RowLoad<PS, 2> shared_row[R];
     bool const early = shared_down_early<PS>(a);
-    if constexpr (kPacedB) {
-      if (r0 == first && lane == 0)
-        while (clock64() < t_staged + static_cast<long long>(a.pace_b) * warp) __nanosleep(20);
-      __syncwarp();
-    }
     if constexpr (has_fast_kernel<PS>) {
       if (early) {
 #pragma unroll
@@ -1730,9 +1712,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once())
-      return a.pace_b > 0 ? go(moe_down_lane_kernel<KS, 6, true, 1, true, true>)
-                          : go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
