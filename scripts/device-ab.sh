@@ -5,6 +5,9 @@
 # LING_AB_TRACE=1: also one traced step per variant (LING_TRACE, context 0; LING_AB_TRACE_MOEA=n sets LING_TRACE_MOEA),
 # its timeline in $OUT/trace-<n>.csv and the KDA and MLA layers' region medians printed (tools/perf/trace_summary.py).
 # A variant with LING_PREDICT also prints the bench's hit-rate line.
+# A variant that starts with `old` runs build/device/examples/ling.old instead (an earlier build staged beside this one,
+# for A/B across binaries; scripts/device-prebuild.sh stages it from LING_STAGE_OLD): "old" alone, or "old,VAR=1".
+# LING_AB_ROUNDS=n repeats the whole list n times (default 1), so that drift shows as a difference between rounds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -17,15 +20,19 @@ if [ -n "${2:-}" ]; then
   grep manual_time "$OUT/ab-bench.log" | awk '{print $1, $NF, $(NF-1)}' | sed 's/us_per_op=//'
 fi
 n=0
-for v in default $1; do
-  e=""; [ "$v" != default ] && e=${v//,/ }
-  r=$(env $e $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 |LING_PREDICT=")
-  echo "$v: $r" | tee -a "$OUT/ab.log"
-  if [ "${LING_AB_TRACE:-0}" = 1 ]; then
-    n=$((n + 1))
-    env $e LING_TRACE="$OUT/trace-$n.csv" ${LING_AB_TRACE_MOEA:+LING_TRACE_MOEA=$LING_AB_TRACE_MOEA} \
-      $B/examples/ling bench --spec ling3-flash --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
-    python3 tools/perf/trace_summary.py "$OUT/trace-$n.csv" 2>&1 | grep -E "^region|^kda|^mla|period" | sed "s/^/  [$n] /" |
-      tee -a "$OUT/ab.log"
-  fi
+for round in $(seq "${LING_AB_ROUNDS:-1}"); do
+  for v in default $1; do
+    bin=ling e=""
+    if [[ "$v" == old* ]]; then bin=ling.old e=${v#old}; e=${e#,}; e=${e//,/ }; elif [ "$v" != default ]; then e=${v//,/ }; fi
+    if [ ! -x "$B/examples/$bin" ]; then echo "$v: no $B/examples/$bin" | tee -a "$OUT/ab.log"; continue; fi
+    r=$(env $e $B/examples/$bin bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 |LING_PREDICT=")
+    echo "$v: $r" | tee -a "$OUT/ab.log"
+    if [ "${LING_AB_TRACE:-0}" = 1 ] && [ "$round" = 1 ]; then
+      n=$((n + 1))
+      env $e LING_TRACE="$OUT/trace-$n.csv" ${LING_AB_TRACE_MOEA:+LING_TRACE_MOEA=$LING_AB_TRACE_MOEA} \
+        $B/examples/$bin bench --spec ling3-flash --random-weights --contexts 0 --reps 1 >/dev/null 2>&1
+      python3 tools/perf/trace_summary.py "$OUT/trace-$n.csv" 2>&1 | grep -E "^region|^kda|^mla|period" | sed "s/^/  [$n] /" |
+        tee -a "$OUT/ab.log"
+    fi
+  done
 done

@@ -23,6 +23,12 @@ for t in $TARGETS; do
   d=build/device-stage/${f#build/prebuilt/}
   mkdir -p "$(dirname "$d")" && cp "$f" "$d" && strip "$d"
 done
+# LING_STAGE_OLD=<an earlier build's ling, outside build/device, which is emptied above>: staged beside the new one as
+# examples/ling.old, for scripts/device-ab.sh's `old` variants (A/B across binaries)
+if [ -n "${LING_STAGE_OLD:-}" ]; then
+  mkdir -p build/device-stage/examples && cp "$LING_STAGE_OLD" build/device-stage/examples/ling.old &&
+    strip build/device-stage/examples/ling.old
+fi
 # packed (xz roughly halves stripped binaries), so that five of them fit the carry; device-prebuilt-check.sh unpacks
 # build/device/bin.tar.xz into build/device
 mkdir -p build/device
