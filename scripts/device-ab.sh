@@ -7,7 +7,8 @@
 # A variant with LING_PREDICT also prints the bench's hit-rate line.
 # A variant that starts with `old` runs build/device/examples/ling.old instead (an earlier build staged beside this one,
 # for A/B across binaries; scripts/device-prebuild.sh stages it from LING_STAGE_OLD): "old" alone, or "old,VAR=1".
-# LING_AB_ROUNDS=n repeats the whole list n times (default 1), so that drift shows as a difference between rounds.
+# LING_AB_ROUNDS=n repeats the whole list n times (default 1), so that drift shows as a difference between rounds;
+# LING_AB_TRACE traces each variant in the first round only.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -22,8 +23,10 @@ fi
 n=0
 for round in $(seq "${LING_AB_ROUNDS:-1}"); do
   for v in default $1; do
-    bin=ling e=""
-    if [[ "$v" == old* ]]; then bin=ling.old e=${v#old}; e=${e#,}; e=${e//,/ }; elif [ "$v" != default ]; then e=${v//,/ }; fi
+    bin=ling e=$v
+    [[ "$v" == old* ]] && bin=ling.old e=${v#old}
+    [ "$v" = default ] && e=""
+    e=${e//,/ }
     if [ ! -x "$B/examples/$bin" ]; then echo "$v: no $B/examples/$bin" | tee -a "$OUT/ab.log"; continue; fi
     r=$(env $e $B/examples/$bin bench --spec ling3-flash --random-weights --contexts 0 --reps "${3:-3}" 2>&1 | grep -E "^\| 0 |LING_PREDICT=")
     echo "$v: $r" | tee -a "$OUT/ab.log"
