@@ -36,16 +36,40 @@ __device__ __forceinline__ void row_load(uint4 (&v)[kRowU], uint4 const* p, std:
 #pragma unroll
   for (int u = 0; u < kRowU; ++u) v[u] = ldnc(p + r * kRowVecs + lane + 32 * u);
 }
-__device__ __forceinline__ std::uint32_t fold(uint4 const (&v)[kRowU]) {
-  std::uint32_t acc = 0;
+// Decode-like work on 16 bytes of weights (kM > 0): one LDS.128 of x (shared memory) and kM rounds of, per 32-bit
+// word, one PRMT and one DP4A into the running sums a (~8 kM + 1 instructions per 16 bytes). The model's kernels spend
+// ~56 (MXFP4 biased lookup, ~1.75 per weight) to ~68 (FP8 lane dot, ~4.3 per weight) instructions per 16-byte chunk and
+// lane, so kM = 6-8 is about their issue cost. xs: 64 words of shared memory (any values); `salt` picks the x words
+// (x's chunk follows the weights' chunk). kM = 0: the plain fold into a.x.
+template <int kM>
+__device__ __forceinline__ void decode_like(uint4 v, std::uint32_t const* xs, int4& a, int salt = 0) {
+  if constexpr (kM == 0) {
+    a.x ^= int(v.x ^ v.y ^ v.z ^ v.w);
+  } else {
+    uint4 const x = reinterpret_cast<uint4 const*>(xs)[(int(threadIdx.x & 31) + 3 * salt) & 15];
 #pragma unroll
-  for (int u = 0; u < kRowU; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  return acc;
+    for (int r = 0; r < kM; ++r) {
+      unsigned const sel = 0x3210u + 0x1111u * unsigned(r & 3);
+      a.x = __dp4a(int(__byte_perm(v.x, 0x0C080604u, sel)), int(x.x), a.x);
+      a.y = __dp4a(int(__byte_perm(v.y, 0x0C080604u, sel)), int(x.y), a.y);
+      a.z = __dp4a(int(__byte_perm(v.z, 0x0C080604u, sel)), int(x.z), a.z);
+      a.w = __dp4a(int(__byte_perm(v.w, 0x0C080604u, sel)), int(x.w), a.w);
+    }
+  }
+}
+__device__ __forceinline__ std::uint32_t fold_sums(int4 a) { return std::uint32_t(a.x + a.y + a.z + a.w); }
+template <int kM = 0>
+__device__ __forceinline__ std::uint32_t fold(uint4 const (&v)[kRowU], std::uint32_t const* xs = nullptr) {
+  int4 a = make_int4(0, 0, 0, 0);
+#pragma unroll
+  for (int u = 0; u < kRowU; ++u) decode_like<kM>(v[u], xs, a, u);
+  return fold_sums(a);
 }
 // The calling warp's rows w, w + W, ... of p, two in flight (two register sets in turn); `a` holds row w already
-// when `loaded`. Returns the fold of everything read.
+// when `loaded`. Returns the fold of everything read (decode_like<kM> on every 16 bytes; xs as there).
+template <int kM = 0>
 __device__ inline std::uint32_t stream_rows(uint4 const* p, std::size_t rows, std::size_t w, std::size_t W,
-                                            uint4 (&a)[kRowU], bool loaded) {
+                                            uint4 (&a)[kRowU], bool loaded, std::uint32_t const* xs = nullptr) {
   if (w >= rows) return 0;
   uint4 b[kRowU];
   std::uint32_t acc = 0;
@@ -53,12 +77,12 @@ __device__ inline std::uint32_t stream_rows(uint4 const* p, std::size_t rows, st
   for (std::size_t r = w;;) {
     std::size_t rn = r + W;
     if (rn < rows) row_load(b, p, rn);
-    acc ^= fold(a);
+    acc ^= fold<kM>(a, xs);
     if (rn >= rows) break;
     r = rn;
     rn = r + W;
     if (rn < rows) row_load(a, p, rn);
-    acc ^= fold(b);
+    acc ^= fold<kM>(b, xs);
     if (rn >= rows) break;
     r = rn;
   }

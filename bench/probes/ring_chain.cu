@@ -24,6 +24,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "ling/cuda/async_copy.cuh"
@@ -35,6 +37,7 @@ namespace {
 namespace k = ling::cuda::kernels;
 
 constexpr int kRowBytes = 2560;
+static_assert(kRowBytes == 16 * probe::kRowVecs, "region_regs streams the rows of probe::stream_rows");
 constexpr std::uint32_t kMagic = probe::kMagic;
 
 struct Region {
@@ -67,11 +70,35 @@ __device__ __forceinline__ void bar_wait(std::uint64_t* bar, unsigned parity, in
 
 // A consumer warp's share of a landed slot of nb bytes, folded into acc, then the slot handed back (one arrival per
 // warp on `empty`). fold 2: into registers first, the slot freed before the math (at most 8 · 16 bytes per thread); 1:
-// read in place, freed after; 0: not read.
+// read in place, freed after; 0: not read. kM > 0: decode-like math on every 16 bytes (probe::decode_like; xs: 64
+// words of shared memory). kAll: fold 2 reads the whole slot, 8 · 16 bytes per thread at a time, and frees it once the
+// last batch is in registers (the math rows; the other rows read at most 8 · 16 bytes per thread of each slot).
+template <int kM = 0, bool kAll = false>
 __device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned nb, int threads, int fold,
-                                             std::uint64_t* empty, std::uint32_t& acc) {
+                                             std::uint64_t* empty, std::uint32_t& acc,
+                                             std::uint32_t const* xs = nullptr) {
   uint4 const* v = reinterpret_cast<uint4 const*>(slot);
   bool const lane0 = (threadIdx.x & 31) == 0;
+  if (kAll && fold == 2) {
+    unsigned const n16 = nb / 16u, per = 8u * unsigned(threads);
+    for (unsigned b0 = 0; b0 < n16; b0 += per) {
+      uint4 x[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        unsigned const j = b0 + threadIdx.x + unsigned(u * threads);
+        x[u] = j < n16 ? v[j] : make_uint4(0, 0, 0, 0);
+      }
+      if (b0 + per >= n16) {
+        __syncwarp();
+        if (lane0) k::mbar_arrive(empty);
+      }
+      int4 a = make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) probe::decode_like<kM>(x[u], xs, a, u);
+      acc ^= probe::fold_sums(a);
+    }
+    return;
+  }
   if (fold == 2) {
     uint4 x[8];
 #pragma unroll
@@ -81,13 +108,16 @@ __device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned
     }
     __syncwarp();
     if (lane0) k::mbar_arrive(empty);
+    int4 a = make_int4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < 8; ++u) acc ^= x[u].x ^ x[u].y ^ x[u].z ^ x[u].w;
+    for (int u = 0; u < 8; ++u) probe::decode_like<kM>(x[u], xs, a, u);
+    acc ^= probe::fold_sums(a);
     return;
   }
   for (unsigned j = threadIdx.x; fold && j < nb / 16u; j += unsigned(threads)) {
-    uint4 const x = v[j];
-    acc ^= x.x ^ x.y ^ x.z ^ x.w;
+    int4 a = make_int4(0, 0, 0, 0);
+    probe::decode_like<kM>(v[j], xs, a);
+    acc ^= probe::fold_sums(a);
   }
   __syncwarp();
   if (lane0) k::mbar_arrive(empty);
@@ -239,10 +269,15 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
 // is resident beside it: its producer lane requests the region's first S chunks (S · stage bytes) before the PDL wait,
 // while the launch before it still runs; the consumers wait (griddepcontrol.wait: the previous launches are done) and
 // then use the stages as the ring above. Routed regions (back > 0) request nothing before the wait.
-template <int kConsumers>
-__global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
+// kM: decode-like math per 16 bytes (probe::decode_like), for the comparison with region_regs at the same math.
+// kAll (the math rows): the registers bounded so that a second launch's blocks fit beside this one's (8 consumer warps:
+// 2 blocks per SM; 4 consumer warps: 4, for two blocks per SM of each launch).
+template <int kConsumers, int kM = 0, bool kAll = false>
+__global__ void __launch_bounds__(32 * (kConsumers + 1), kAll ? (kConsumers == 8 ? 2 : 4) : 1)
     region_tma(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(16) std::uint32_t xs[64];  // x's stand-in for the math
+  if (threadIdx.x < 64) xs[threadIdx.x] = threadIdx.x * 0x01010101u;
   auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   std::uint64_t* empty = full + S;
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -281,8 +316,33 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), 1)
     unsigned const s = q % unsigned(S), use = q / unsigned(S);
     unsigned const nb = chunk_bytes(pt, c, stage);
     k::mbar_wait(full + s, use & 1u);
-    consume_slot(smem + std::size_t(s) * stage, nb, threads, fold, empty + s, acc);
+    consume_slot<kM, kAll>(smem + std::size_t(s) * stage, nb, threads, fold, empty + s, acc, xs);
   }
+  if (acc == kMagic) sink[0] = acc;
+}
+
+// The register chain at the same math (region_chain's "launch, row first" on these regions): one region as one PDL
+// launch of 8-warp blocks; warp w streams rows w, w + W, ... into registers (probe::stream_rows, two rows in flight),
+// its first row requested before the PDL wait unless the region's addresses depend on an earlier region (back > 0).
+template <int kM>
+__global__ void __launch_bounds__(256, 3) region_regs(Region g, std::uint32_t* sink) {
+  __shared__ __align__(16) std::uint32_t xs[64];
+  if (threadIdx.x < 64) xs[threadIdx.x] = threadIdx.x * 0x01010101u;
+  ling::cuda::kernels::pdl_trigger();
+  std::size_t const W = std::size_t(gridDim.x) * (blockDim.x >> 5);
+  std::size_t const w = (std::size_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  uint4 const* p = reinterpret_cast<uint4 const*>(g.p);
+  uint4 a[probe::kRowU];
+  bool loaded = false;
+  if (g.back == 0 && w < g.rows) {
+    probe::row_load(a, p, w);
+    loaded = true;
+  }
+  __syncthreads();  // xs
+  ling::cuda::kernels::pdl_wait();
+  std::uint32_t acc = __ldcg(sink + 1);                   // the region's input
+  if (g.back > 0 && acc == kMagic) p += probe::kRowVecs;  // never: the routed addresses depend on the input
+  acc ^= probe::stream_rows<kM>(p, g.rows, w, W, a, loaded, xs);
   if (acc == kMagic) sink[0] = acc;
 }
 
@@ -480,6 +540,48 @@ int main() {
                   stage / 1024, per_sm, per_sm > 1 ? "s" : "", fold == 2 ? ", early free" : "");
     std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
   };
+  // With the model's math (session 53): both chains at the same decode-like work per 16 bytes (probe::decode_like, kM
+  // rounds; kM = 6-8 is about the model's kernels), so that the ring chain's gain shows whether it survives the math.
+  // RING_CHAIN_MATH=1 runs only these rows.
+  auto regs = [&](auto kern, int km, int per_sm) {
+    std::vector<Region> const rg = regions(24u << 10);
+    float const us = probe::time_graph(st, kLayers, [&] {
+      for (Region const& g : rg)
+        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(256u), 0, st, g, sink));
+    });
+    char label[160];
+    std::snprintf(label, sizeof label, "math %d: register chain, %d blocks of 8 warps/SM, row first", km, per_sm);
+    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  auto rings = [&](auto kern, int km, int consumers, int S, int per_sm) {
+    std::vector<Region> const rg = regions(24u << 10);
+    std::size_t const smem = std::size_t(S) * (24u << 10) + 16 * std::size_t(S);
+    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    float const us = probe::time_graph(st, kLayers, [&] {
+      for (Region const& g : rg)
+        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))),
+                                          smem, st, g, S, 24u << 10, 2, sink));
+    });
+    char label[160];
+    std::snprintf(label, sizeof label, "math %d: PDL ring chain, %d consumer warps, %d x 24 KB, %d block%s/SM", km,
+                  consumers, S, per_sm, per_sm > 1 ? "s" : "");
+    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  auto math_rows = [&](auto km_tag) {
+    constexpr int kM = decltype(km_tag)::value;
+    regs(region_regs<kM>, kM, 2);
+    regs(region_regs<kM>, kM, 3);
+    rings(region_tma<8, kM, true>, kM, 8, 4, 1);
+    rings(region_tma<4, kM, true>, kM, 4, 2, 2);
+  };
+  math_rows(std::integral_constant<int, 0>{});
+  math_rows(std::integral_constant<int, 4>{});
+  math_rows(std::integral_constant<int, 6>{});
+  math_rows(std::integral_constant<int, 8>{});
+  if (std::getenv("RING_CHAIN_MATH")) {
+    CK(cudaStreamSynchronize(st));
+    return 0;
+  }
   chain(4, 4, 24u << 10, 2, 1);
   chain(4, 4, 24u << 10, 1, 1);
   chain(8, 4, 24u << 10, 2, 1);
