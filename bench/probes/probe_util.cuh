@@ -36,19 +36,21 @@ __device__ __forceinline__ void row_load(uint4 (&v)[kRowU], uint4 const* p, std:
 #pragma unroll
   for (int u = 0; u < kRowU; ++u) v[u] = ldnc(p + r * kRowVecs + lane + 32 * u);
 }
-// Decode-like work on 16 bytes of weights (kM > 0): one LDS.128 of x (shared memory) and kM rounds of, per 32-bit
-// word, one PRMT and one DP4A into the running sums a (~8 kM + 1 instructions per 16 bytes). The model's kernels spend
-// ~56 (MXFP4 biased lookup, ~1.75 per weight) to ~68 (FP8 lane dot, ~4.3 per weight) instructions per 16-byte chunk and
-// lane, so kM = 6-8 is about their issue cost. xs: 64 words of shared memory (any values); `salt` picks the x words
+// Decode-like work on 16 bytes of weights (kM > 0): kM rounds of, per 32-bit word, one PRMT and one DP4A into the
+// running sums a, against words of x read from shared memory, one LDS.128 every second round (~8.5 kM instructions and
+// 8 kM bytes of x per 16 bytes of weights). The model's kernels spend ~56 (MXFP4 biased lookup, ~1.75 per weight) to
+// ~68 (FP8 lane dot, ~4.3 per weight) instructions and read 64-72 bytes of x (fp32 values or int8 limbs) per 16-byte
+// chunk and lane, so kM = 8 is about their cost. xs: 64 words of shared memory (any values); `salt` picks the x words
 // (x's chunk follows the weights' chunk). kM = 0: the plain fold into a.x.
 template <int kM>
 __device__ __forceinline__ void decode_like(uint4 v, std::uint32_t const* xs, int4& a, int salt = 0) {
   if constexpr (kM == 0) {
     a.x ^= int(v.x ^ v.y ^ v.z ^ v.w);
   } else {
-    uint4 const x = reinterpret_cast<uint4 const*>(xs)[(int(threadIdx.x & 31) + 3 * salt) & 15];
+    uint4 x;
 #pragma unroll
     for (int r = 0; r < kM; ++r) {
+      if (r % 2 == 0) x = reinterpret_cast<uint4 const*>(xs)[(int(threadIdx.x & 31) + 3 * salt + 5 * r) & 15];
       unsigned const sel = 0x3210u + 0x1111u * unsigned(r & 3);
       a.x = __dp4a(int(__byte_perm(v.x, 0x0C080604u, sel)), int(x.x), a.x);
       a.y = __dp4a(int(__byte_perm(v.y, 0x0C080604u, sel)), int(x.y), a.y);
