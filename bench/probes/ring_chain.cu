@@ -580,6 +580,35 @@ int main() {
   math_rows(std::integral_constant<int, 4>{});
   math_rows(std::integral_constant<int, 6>{});
   math_rows(std::integral_constant<int, 8>{});
+  // Mixed chains at kM = 8: the regions whose bit is set in `mask` (bit i: parts[i]) as ring launches (8 consumer
+  // warps, 4 x 24 KB, one block per SM), the others as register launches (2 blocks of 8 warps per SM, which fill the
+  // register file: nothing enters beside them). Which regions a partial rewrite would have to convert.
+  auto mixed = [&](unsigned mask, char const* what) {
+    constexpr int kM = 8;
+    std::vector<Region> const rg = regions(24u << 10);
+    auto ring = region_tma<8, kM, true>;
+    auto reg = region_regs<kM, 2>;
+    std::size_t const smem = std::size_t(4) * (24u << 10) + 16 * 4;
+    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    float const us = probe::time_graph(st, kLayers, [&] {
+      for (std::size_t i = 0; i < rg.size(); ++i) {
+        if (mask >> (i % (sizeof(parts) / sizeof(parts[0]))) & 1u)
+          CK(ling::cuda::kernels::launch_ex(ring, dim3(unsigned(sms)), dim3(288u), smem, st, rg[i], 4, 24u << 10, 2,
+                                            sink));
+        else
+          CK(ling::cuda::kernels::launch_ex(reg, dim3(unsigned(sms * 2)), dim3(256u), 0, st, rg[i], sink));
+      }
+    });
+    char label[160];
+    std::snprintf(label, sizeof label, "math 8: mixed, rings for %s", what);
+    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  mixed(0x3Fu, "every region");
+  mixed(0x38u, "router, moeA, moeB");
+  mixed(0x3Cu, "oproj, router, moeA, moeB");
+  mixed(0x06u, "kstep, oproj");
+  mixed(0x01u, "proj");
+  mixed(0x00u, "none");
   if (std::getenv("RING_CHAIN_MATH")) {
     CK(cudaStreamSynchronize(st));
     return 0;
