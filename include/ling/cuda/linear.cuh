@@ -1325,14 +1325,6 @@ inline int matvec_tail_groups(std::int64_t total, int blocks, int want) {
 inline bool matvec_row_lane_enabled() {
   return !env_off("LING_MATVEC_ROW_LANE");
 }
-// LING_MATVEC_PER_SM=n (1..3; a measurement, read at each launch): the lane kernel's grid capped at n blocks per SM
-// instead of as many as fit (3 at kU = 5), the LM head's argmax instances left out. bench/probes/ring_chain (session
-// 53, H100) streamed a KDA layer's regions as register launches of 8 warps at 39.2 µs per layer with 2 blocks per SM
-// against 44.8 with 3, where the next launch's blocks find room beside 2 blocks and not beside 3.
-inline int matvec_lane_per_sm() {
-  int const n = env_int("LING_MATVEC_PER_SM", 0);
-  return n >= 1 && n <= 3 ? n : 0;
-}
 // am: the argmax epilogue (matvec_lane_kernel only: the caller passes none to the pipelined kernel).
 template <class K>
 cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputPrologue const& pro, int ku, cudaStream_t stream,
@@ -1349,7 +1341,6 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     std::size_t const slot_bytes = dyn ? std::size_t(kMaxTailGroups + 1) * sizeof(int) : 0;
     cudaError_t e = persistent_grid(kernel, bytes + slot_bytes, (total + kWarps - 1) / kWarps, blocks);
     if (e != cudaSuccess) return e;
-    if (int const cap = am.key ? 0 : matvec_lane_per_sm() * sm_count(); cap > 0 && blocks > cap) blocks = cap;
     MultiArgs b = a;
     b.tail_groups = dyn ? matvec_tail_groups(total, blocks, a.tail_groups) : 0;
     if (b.tail_groups == 0) b.tail = nullptr;
