@@ -79,16 +79,17 @@ __device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned
                                              std::uint32_t const* xs = nullptr) {
   uint4 const* v = reinterpret_cast<uint4 const*>(slot);
   bool const lane0 = (threadIdx.x & 31) == 0;
-  if (kAll && fold == 2) {
-    unsigned const n16 = nb / 16u, per = 8u * unsigned(threads);
-    for (unsigned b0 = 0; b0 < n16; b0 += per) {
+  if (fold == 2) {  // batches of 8 · 16 bytes per thread (without kAll only the first); the slot freed after the last
+    unsigned const n16 = nb / 16u, per = 8u * unsigned(threads), end = kAll ? n16 : (n16 < per ? n16 : per);
+    unsigned b0 = 0;
+    do {
       uint4 x[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         unsigned const j = b0 + threadIdx.x + unsigned(u * threads);
-        x[u] = j < n16 ? v[j] : make_uint4(0, 0, 0, 0);
+        x[u] = j < end ? v[j] : make_uint4(0, 0, 0, 0);
       }
-      if (b0 + per >= n16) {
+      if (b0 + per >= end) {
         __syncwarp();
         if (lane0) k::mbar_arrive(empty);
       }
@@ -96,22 +97,8 @@ __device__ __forceinline__ void consume_slot(unsigned char const* slot, unsigned
 #pragma unroll
       for (int u = 0; u < 8; ++u) probe::decode_like<kM>(x[u], xs, a, u);
       acc ^= probe::fold_sums(a);
-    }
-    return;
-  }
-  if (fold == 2) {
-    uint4 x[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      unsigned const j = threadIdx.x + unsigned(u * threads);
-      x[u] = j < nb / 16u ? v[j] : make_uint4(0, 0, 0, 0);
-    }
-    __syncwarp();
-    if (lane0) k::mbar_arrive(empty);
-    int4 a = make_int4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) probe::decode_like<kM>(x[u], xs, a, u);
-    acc ^= probe::fold_sums(a);
+      b0 += per;
+    } while (b0 < end);
     return;
   }
   for (unsigned j = threadIdx.x; fold && j < nb / 16u; j += unsigned(threads)) {
