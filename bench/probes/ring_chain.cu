@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ling/cuda/async_copy.cuh"
@@ -514,88 +515,74 @@ int main() {
                 double(total) / (us * 1e-6) / 1e9);
   };
   // the co-resident launch chain: one launch per region
-  auto chain = [&](int consumers, int S, unsigned stage, int fold, int per_sm) {
-    std::vector<Region> const rg = regions(stage);
-    std::size_t const smem = std::size_t(S) * stage + 16 * std::size_t(S);
-    auto kern = consumers == 4 ? region_tma<4> : region_tma<8>;
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // One region per PDL launch: a region whose bit is set in `ring_mask` (bit i: parts[i]) as a ring launch (`ring`:
+  // `consumers` consumer warps + the producer, S slots of `stage` bytes, `fold`, ring_per_sm blocks per SM), the others
+  // as register launches (`reg`: blocks of 8 warps, reg_per_sm per SM). Prints the row; µs per layer.
+  struct RingCfg {
+    int consumers, S;
+    unsigned stage;
+    int fold, per_sm;
+  };
+  auto timed_chain = [&](char const* label, auto ring, RingCfg rc, auto reg, int reg_per_sm, unsigned ring_mask) {
+    std::vector<Region> const rg = regions(rc.stage);
+    std::size_t const smem = std::size_t(rc.S) * rc.stage + 16 * std::size_t(rc.S);
+    if (ring_mask) CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    constexpr std::size_t kParts = sizeof(parts) / sizeof(parts[0]);
     float const us = probe::time_graph(st, kLayers, [&] {
-      for (Region const& g : rg)
-        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))),
-                                          smem, st, g, S, stage, fold, sink));
+      for (std::size_t i = 0; i < rg.size(); ++i) {
+        if (ring_mask >> (i % kParts) & 1u)
+          CK(ling::cuda::kernels::launch_ex(ring, dim3(unsigned(sms * rc.per_sm)),
+                                            dim3(unsigned(32 * (rc.consumers + 1))), smem, st, rg[i], rc.S, rc.stage,
+                                            rc.fold, sink));
+        else
+          CK(ling::cuda::kernels::launch_ex(reg, dim3(unsigned(sms * reg_per_sm)), dim3(256u), 0, st, rg[i], sink));
+      }
     });
+    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+  };
+  constexpr unsigned kAllRegions = 0x3Fu;
+  auto chain = [&](int consumers, int S, unsigned stage, int fold, int per_sm) {
     char label[160];
     std::snprintf(label, sizeof label, "PDL chain, %d consumer warps, %d x %u KB, %d block%s/SM%s", consumers, S,
                   stage / 1024, per_sm, per_sm > 1 ? "s" : "", fold == 2 ? ", early free" : "");
-    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
+    timed_chain(label, consumers == 4 ? region_tma<4> : region_tma<8>, RingCfg{consumers, S, stage, fold, per_sm},
+                region_regs<0, 2>, 2, kAllRegions);
   };
   // With the model's math (session 53): both chains at the same decode-like work per 16 bytes (probe::decode_like, kM
   // rounds; kM = 8 is about the model's kernels), so that the ring chain's gain shows whether it survives the math.
   // RING_CHAIN_MATH=1 runs only these rows.
-  auto regs = [&](auto kern, int km, int per_sm) {
-    std::vector<Region> const rg = regions(24u << 10);
-    float const us = probe::time_graph(st, kLayers, [&] {
-      for (Region const& g : rg)
-        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(256u), 0, st, g, sink));
-    });
-    char label[160];
-    std::snprintf(label, sizeof label, "math %d: register chain, %d blocks of 8 warps/SM, row first", km, per_sm);
-    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
-  };
-  auto rings = [&](auto kern, int km, int consumers, int S, int per_sm) {
-    std::vector<Region> const rg = regions(24u << 10);
-    std::size_t const smem = std::size_t(S) * (24u << 10) + 16 * std::size_t(S);
-    CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    float const us = probe::time_graph(st, kLayers, [&] {
-      for (Region const& g : rg)
-        CK(ling::cuda::kernels::launch_ex(kern, dim3(unsigned(sms * per_sm)), dim3(unsigned(32 * (consumers + 1))),
-                                          smem, st, g, S, 24u << 10, 2, sink));
-    });
-    char label[160];
-    std::snprintf(label, sizeof label, "math %d: PDL ring chain, %d consumer warps, %d x 24 KB, %d block%s/SM", km,
-                  consumers, S, per_sm, per_sm > 1 ? "s" : "");
-    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
-  };
   auto math_rows = [&](auto km_tag) {
     constexpr int kM = decltype(km_tag)::value;
-    regs(region_regs<kM, 2>, kM, 2);
-    regs(region_regs<kM, 3>, kM, 3);
-    rings(region_tma<8, kM, true>, kM, 8, 4, 1);
-    rings(region_tma<4, kM, true>, kM, 4, 2, 2);
+    char label[160];
+    for (int per_sm : {2, 3}) {
+      std::snprintf(label, sizeof label, "math %d: register chain, %d blocks of 8 warps/SM, row first", kM, per_sm);
+      timed_chain(label, region_tma<8, kM, true>, RingCfg{8, 4, 24u << 10, 2, 1},
+                  per_sm == 2 ? region_regs<kM, 2> : region_regs<kM, 3>, per_sm, 0u);
+    }
+    for (RingCfg const rc : {RingCfg{8, 4, 24u << 10, 2, 1}, RingCfg{4, 2, 24u << 10, 2, 2}}) {
+      std::snprintf(label, sizeof label, "math %d: PDL ring chain, %d consumer warps, %d x 24 KB, %d block%s/SM", kM,
+                    rc.consumers, rc.S, rc.per_sm, rc.per_sm > 1 ? "s" : "");
+      timed_chain(label, rc.consumers == 8 ? region_tma<8, kM, true> : region_tma<4, kM, true>, rc, region_regs<kM, 2>,
+                  2, kAllRegions);
+    }
   };
   math_rows(std::integral_constant<int, 0>{});
   math_rows(std::integral_constant<int, 4>{});
   math_rows(std::integral_constant<int, 6>{});
   math_rows(std::integral_constant<int, 8>{});
-  // Mixed chains at kM = 8: the regions whose bit is set in `mask` (bit i: parts[i]) as ring launches (8 consumer
-  // warps, 4 x 24 KB, one block per SM), the others as register launches (2 blocks of 8 warps per SM, which fill the
-  // register file: nothing enters beside them). Which regions a partial rewrite would have to convert.
-  auto mixed = [&](unsigned mask, char const* what) {
-    constexpr int kM = 8;
-    std::vector<Region> const rg = regions(24u << 10);
-    auto ring = region_tma<8, kM, true>;
-    auto reg = region_regs<kM, 2>;
-    std::size_t const smem = std::size_t(4) * (24u << 10) + 16 * 4;
-    CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    float const us = probe::time_graph(st, kLayers, [&] {
-      for (std::size_t i = 0; i < rg.size(); ++i) {
-        if (mask >> (i % (sizeof(parts) / sizeof(parts[0]))) & 1u)
-          CK(ling::cuda::kernels::launch_ex(ring, dim3(unsigned(sms)), dim3(288u), smem, st, rg[i], 4, 24u << 10, 2,
-                                            sink));
-        else
-          CK(ling::cuda::kernels::launch_ex(reg, dim3(unsigned(sms * 2)), dim3(256u), 0, st, rg[i], sink));
-      }
-    });
+  // Mixed chains at kM = 8: the regions whose bit is set as ring launches (8 consumer warps, 4 x 24 KB, one block per
+  // SM), the others as register launches (2 blocks of 8 warps per SM, which fill the register file: nothing enters
+  // beside them). Which regions a partial rewrite would have to convert. (All bits set and none repeat two rows above.)
+  for (auto const& [mask, what] : {std::pair<unsigned, char const*>{0x3Fu, "every region"},
+                                   {0x38u, "router, moeA, moeB"},
+                                   {0x3Cu, "oproj, router, moeA, moeB"},
+                                   {0x06u, "kstep, oproj"},
+                                   {0x01u, "proj"},
+                                   {0x00u, "none"}}) {
     char label[160];
     std::snprintf(label, sizeof label, "math 8: mixed, rings for %s", what);
-    std::printf("%-80s %10.2f %8.0f\n", label, us, layer_bytes / (us * 1e-6) / 1e9);
-  };
-  mixed(0x3Fu, "every region");
-  mixed(0x38u, "router, moeA, moeB");
-  mixed(0x3Cu, "oproj, router, moeA, moeB");
-  mixed(0x06u, "kstep, oproj");
-  mixed(0x01u, "proj");
-  mixed(0x00u, "none");
+    timed_chain(label, region_tma<8, 8, true>, RingCfg{8, 4, 24u << 10, 2, 1}, region_regs<8, 2>, 2, mask);
+  }
   if (std::getenv("RING_CHAIN_MATH")) {
     CK(cudaStreamSynchronize(st));
     return 0;
