@@ -517,7 +517,9 @@ int main() {
   // the co-resident launch chain: one launch per region
   // One region per PDL launch: a region whose bit is set in `ring_mask` (bit i: parts[i]) as a ring launch (`ring`:
   // `consumers` consumer warps + the producer, S slots of `stage` bytes, `fold`, ring_per_sm blocks per SM), the others
-  // as register launches (`reg`: blocks of 8 warps, reg_per_sm per SM). Prints the row; µs per layer.
+  // as register launches (`reg`: blocks of 8 warps, reg_per_sm per SM). rc.stage also lays out the regions, so the
+  // register rows pass the ring rows' config (with ring_mask 0 nothing else of it is used). Prints the row; µs per
+  // layer.
   struct RingCfg {
     int consumers, S;
     unsigned stage;
@@ -572,7 +574,8 @@ int main() {
   math_rows(std::integral_constant<int, 8>{});
   // Mixed chains at kM = 8: the regions whose bit is set as ring launches (8 consumer warps, 4 x 24 KB, one block per
   // SM), the others as register launches (2 blocks of 8 warps per SM, which fill the register file: nothing enters
-  // beside them). Which regions a partial rewrite would have to convert. (All bits set and none repeat two rows above.)
+  // beside them): which regions a partial rewrite would have to convert. The masks 0x3F and 0x00 repeat rows above (the
+  // ring chain with 8 consumer warps, the register chain at 2 blocks/SM) as controls in the same run.
   for (auto const& [mask, what] : {std::pair<unsigned, char const*>{0x3Fu, "every region"},
                                    {0x38u, "router, moeA, moeB"},
                                    {0x3Cu, "oproj, router, moeA, moeB"},
