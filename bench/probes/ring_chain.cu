@@ -31,6 +31,7 @@
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.cuh"
+#include "ling/cuda/wgmma.cuh"
 #include "probe_util.cuh"
 
 namespace {
@@ -309,6 +310,102 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), kAll ? (kConsumers == 8
   if (acc == kMagic) sink[0] = acc;
 }
 
+// The ring launch with tensor-core consumers (session 55's question: region_tma's consumers pay ~8.5 kM instructions
+// per 16 bytes on the CUDA cores, and at the model's kM = 8 the rings lost; FP8 `wgmma` reads the weights from shared
+// memory itself). The same producer lane and ring as region_tma; the consumers are one warpgroup that reads each landed
+// slot as tiles of 64 rows × 128 bytes in the 128-byte-swizzled K-major layout the tensor maps land (a layout the rows
+// would be repacked to at load), 4 `wgmma.m64n8k32` E4M3 k-steps per tile against B, each tile's sum into its own
+// accumulators, then one FFMA per accumulator with a block scale (the model's 128 × 128 block-FP8 epilogue). B: 20
+// k-steps of 8 columns (5 KB), the footprint of 2560 inputs as two E4M3 limbs with 4 column slices packed into the 8
+// columns (session 30's split); the probe takes a tile's k-steps modulo 20. The slot is handed back once its wgmmas are
+// done. After the PDL wait the warpgroup stages B from the region's input (one L2 round trip, 160 bytes of stores per
+// thread, a fence to the async proxy and a named barrier), as a matvec stages its input. The bytes are whatever the
+// pool holds (0x01: small E4M3 subnormals); only the time counts. Dynamic shared memory: 1 KB of alignment slack, S
+// slots, 2 S mbarriers.
+constexpr int kWgTile = 8192, kWgKSteps = 20, kWgBBytes = kWgKSteps * 8 * 32;
+template <bool kScale = true>
+__global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(1024) unsigned char bsm[kWgBBytes];  // B: the input's limbs, N = 8 columns per k-step
+  unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
+  std::uint64_t* empty = full + S;
+  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  ling::cuda::kernels::pdl_trigger();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      k::mbar_init(full + s, 1);
+      k::mbar_init(empty + s, 4);
+    }
+    k::mbar_init_fence();
+  }
+  __syncthreads();
+  Part const pt = part_of(g, 1, stage);
+  if (warp == 4) {  // the producer, as region_tma's
+    if (lane != 0) return;
+    char const* base = g.p;
+    if (g.back > 0) {
+      ling::cuda::kernels::pdl_wait();
+      if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
+    }
+    unsigned q = 0;
+    for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+      unsigned const s = q % unsigned(S), use = q / unsigned(S);
+      if (use > 0) k::mbar_wait(empty + s, (use - 1) & 1u);
+      unsigned const nb = chunk_bytes(pt, c, stage);
+      k::mbar_arrive_expect(full + s, nb);
+      k::bulk_copy(smem + std::size_t(s) * stage, base + c, nb, full + s);
+    }
+    return;
+  }
+  ling::cuda::kernels::pdl_wait();
+  std::uint32_t const in = __ldcg(sink + 1);  // the region's input
+  {  // B from the input: E4M3 bytes near 1.0 (0x38), the input's low bits folded in; 160 bytes per thread
+    uint4 const v = make_uint4(0x38383838u ^ (in & 0x01010101u), 0x38383838u, 0x38383838u, 0x38383838u);
+    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16)  // the stores of 20 KB of limbs, as 2560
+      *reinterpret_cast<uint4*>(bsm + (o % kWgBBytes)) = v;                // inputs at N = 8 would take
+    k::fence_proxy_async_smem();
+    k::named_sync(1, 128);
+  }
+  int const zero = fold == 99 ? 1 : 0, one = 1 - zero;  // run-time values (wgmma.cuh: a constant 0 serializes)
+  float accf = 0.f;
+  unsigned q = 0;
+  for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+    unsigned const s = q % unsigned(S), use = q / unsigned(S);
+    unsigned const nb = chunk_bytes(pt, c, stage);
+    bool const whole = nb == 3u * kWgTile;  // a region's one ragged chunk is copied, not multiplied (a probe)
+    k::mbar_wait(full + s, use & 1u);
+    unsigned char const* slot = smem + std::size_t(s) * stage;
+    float d[3][4];  // defined by the first k-step of each tile (scale-d 0): no other instruction may define them
+    if (whole) {
+      k::wgmma_fence();
+#pragma unroll
+      for (int t = 0; t < 3; ++t) {
+        int const ks = int(((c / kWgTile) + unsigned(t)) % (kWgKSteps / 4)) * 4;  // the tile's k-steps in B
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          k::wgmma_e4m3_ss_n8(d[t], k::wgmma_desc_sw128(slot + t * kWgTile + 32 * j),
+                              k::wgmma_desc_kmajor(bsm + (ks + j) * 256), j ? one : zero);
+      }
+      k::wgmma_commit();
+      k::wgmma_wait<0>();
+#pragma unroll
+      for (int t = 0; t < 3; ++t) k::wgmma_fence_acc(d[t]);
+    }
+    __syncwarp();
+    if (lane == 0) k::mbar_arrive(empty + s);
+    if (whole)
+#pragma unroll
+      for (int t = 0; t < 3; ++t) {
+        float const sc = kScale ? __uint_as_float(0x3F800000u + (unsigned(t) << 20)) : 1.f;  // a block scale per tile
+#pragma unroll
+        for (int i = 0; i < 4; ++i) accf = fmaf(sc, d[t][i], accf);
+      }
+  }
+  std::uint32_t const acc = __float_as_uint(accf) ^ in;
+  if (acc == kMagic) sink[0] = acc;
+}
+
 // The register chain at the same math (region_chain's "launch, row first" on these regions): one region as one PDL
 // launch of 8-warp blocks; warp w streams rows w, w + W, ... into registers (probe::stream_rows, two rows in flight),
 // its first row requested before the PDL wait unless the region's addresses depend on an earlier region (back > 0).
@@ -524,10 +621,11 @@ int main() {
     int consumers, S;
     unsigned stage;
     int fold, per_sm;
+    unsigned extra = 0;  // more dynamic shared memory (region_wg: its alignment slack)
   };
   auto timed_chain = [&](char const* label, auto ring, RingCfg rc, auto reg, int reg_per_sm, unsigned ring_mask) {
     std::vector<Region> const rg = regions(rc.stage);
-    std::size_t const smem = std::size_t(rc.S) * rc.stage + 16 * std::size_t(rc.S);
+    std::size_t const smem = std::size_t(rc.S) * rc.stage + 16 * std::size_t(rc.S) + rc.extra;
     if (ring_mask) CK(cudaFuncSetAttribute(ring, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     constexpr std::size_t kParts = sizeof(parts) / sizeof(parts[0]);
     float const us = probe::time_graph(st, kLayers, [&] {
@@ -568,6 +666,32 @@ int main() {
                   2, kAllRegions);
     }
   };
+  // Tensor-core consumers (session 55): RING_CHAIN_WG=1 runs only these rows. The register chain at kM = 0 and 8 and
+  // the best CUDA-core ring at kM = 0 (session 53) as references in the same run, then region_wg's chain at 2 and 3
+  // slots of 24 KB (2 blocks per SM: a launch's block sits beside the next's), with and without the scale epilogue.
+  if (std::getenv("RING_CHAIN_WG")) {
+    for (int kM : {0, 8}) {
+      char label[160];
+      std::snprintf(label, sizeof label, "math %d: register chain, 2 blocks of 8 warps/SM, row first", kM);
+      timed_chain(label, region_tma<4, 0, true>, RingCfg{4, 2, 24u << 10, 2, 2},
+                  kM == 0 ? region_regs<0, 2> : region_regs<8, 2>, 2, 0u);
+    }
+    timed_chain("math 0: PDL ring chain, 4 consumer warps, 2 x 24 KB, 2 blocks/SM", region_tma<4, 0, true>,
+                RingCfg{4, 2, 24u << 10, 2, 2}, region_regs<0, 2>, 2, kAllRegions);
+    for (auto const [S, per_sm] : {std::pair<int, int>{2, 2}, {2, 1}, {3, 1}, {4, 1}}) {
+      char label[160];
+      std::snprintf(label, sizeof label, "wgmma: PDL ring chain, 1 consumer warpgroup, %d x 24 KB, %d block%s/SM", S,
+                    per_sm, per_sm > 1 ? "s" : "");
+      timed_chain(label, region_wg<true>, RingCfg{4, S, 24u << 10, 2, per_sm, 1024u}, region_regs<0, 2>, 2,
+                  kAllRegions);
+    }
+    timed_chain("wgmma: the same, 2 x 24 KB, no scale epilogue", region_wg<false>,
+                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
+    timed_chain("wgmma: mixed, wgmma rings for proj, kstep, oproj, router; register MoE at math 8", region_wg<true>,
+                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
+    CK(cudaStreamSynchronize(st));
+    return 0;
+  }
   math_rows(std::integral_constant<int, 0>{});
   math_rows(std::integral_constant<int, 4>{});
   math_rows(std::integral_constant<int, 6>{});
