@@ -254,6 +254,41 @@ __global__ void __launch_bounds__(32 * (kConsumers + 2), 1)
   }
 }
 
+// A ring launch's set-up and producer (region_tma, region_wg): thread 0 initializes the S slots' barriers (`full`: the
+// producer's arrival and the copy's bytes; `empty`: one arrival per consumer warp), then the producer warp's lane 0
+// requests the block's chunks of g into the slots, each once its slot is handed back. A routed region (back > 0)
+// requests nothing before the PDL wait. Returns true on the producer warp (which is then done), false on the consumers.
+__device__ __forceinline__ void ring_init(std::uint64_t* full, std::uint64_t* empty, int S, int consumers) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      k::mbar_init(full + s, 1);
+      k::mbar_init(empty + s, unsigned(consumers));
+    }
+    k::mbar_init_fence();
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ bool ring_produce(Region const& g, Part const& pt, unsigned char* smem, int S,
+                                             unsigned stage, std::uint64_t* full, std::uint64_t* empty,
+                                             int producer_warp, std::uint32_t const* sink) {
+  if (int(threadIdx.x >> 5) != producer_warp) return false;
+  if ((threadIdx.x & 31) != 0) return true;
+  char const* base = g.p;
+  if (g.back > 0) {
+    ling::cuda::kernels::pdl_wait();
+    if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
+  }
+  unsigned q = 0;
+  for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
+    unsigned const s = q % unsigned(S), use = q / unsigned(S);
+    if (use > 0) k::mbar_wait(empty + s, (use - 1) & 1u);
+    unsigned const nb = chunk_bytes(pt, c, stage);
+    k::mbar_arrive_expect(full + s, nb);
+    k::bulk_copy(smem + std::size_t(s) * stage, base + c, nb, full + s);
+  }
+  return true;
+}
+
 // One region as one PDL launch of a block per SM that fills at most half of the SM, so that the next region's launch
 // is resident beside it: its producer lane requests the region's first S chunks (S · stage bytes) before the PDL wait,
 // while the launch before it still runs; the consumers wait (griddepcontrol.wait: the previous launches are done) and
@@ -269,34 +304,10 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), kAll ? (kConsumers == 8
   if (threadIdx.x < 64) xs[threadIdx.x] = threadIdx.x * 0x01010101u;
   auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   std::uint64_t* empty = full + S;
-  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   ling::cuda::kernels::pdl_trigger();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      k::mbar_init(full + s, 1);
-      k::mbar_init(empty + s, kConsumers);
-    }
-    k::mbar_init_fence();
-  }
-  __syncthreads();
+  ring_init(full, empty, S, kConsumers);
   Part const pt = part_of(g, 1, stage);
-  if (warp == kConsumers) {
-    if (lane != 0) return;
-    char const* base = g.p;
-    if (g.back > 0) {
-      ling::cuda::kernels::pdl_wait();
-      if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
-    }
-    unsigned q = 0;
-    for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
-      unsigned const s = q % unsigned(S), use = q / unsigned(S);
-      if (use > 0) k::mbar_wait(empty + s, (use - 1) & 1u);
-      unsigned const nb = chunk_bytes(pt, c, stage);
-      k::mbar_arrive_expect(full + s, nb);
-      k::bulk_copy(smem + std::size_t(s) * stage, base + c, nb, full + s);
-    }
-    return;
-  }
+  if (ring_produce(g, pt, smem, S, stage, full, empty, kConsumers, sink)) return;
   ling::cuda::kernels::pdl_wait();
   std::uint32_t acc = __ldcg(sink + 1);  // the region's input
   int const threads = 32 * kConsumers;
@@ -330,34 +341,11 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
   unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
   auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   std::uint64_t* empty = full + S;
-  int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  int const lane = int(threadIdx.x & 31);
   ling::cuda::kernels::pdl_trigger();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      k::mbar_init(full + s, 1);
-      k::mbar_init(empty + s, 4);
-    }
-    k::mbar_init_fence();
-  }
-  __syncthreads();
+  ring_init(full, empty, S, 4);
   Part const pt = part_of(g, 1, stage);
-  if (warp == 4) {  // the producer, as region_tma's
-    if (lane != 0) return;
-    char const* base = g.p;
-    if (g.back > 0) {
-      ling::cuda::kernels::pdl_wait();
-      if (*reinterpret_cast<std::uint32_t const volatile*>(sink) == kMagic) base += kRowBytes;  // never
-    }
-    unsigned q = 0;
-    for (std::uint64_t c = pt.first; c < pt.end; c += pt.step, ++q) {
-      unsigned const s = q % unsigned(S), use = q / unsigned(S);
-      if (use > 0) k::mbar_wait(empty + s, (use - 1) & 1u);
-      unsigned const nb = chunk_bytes(pt, c, stage);
-      k::mbar_arrive_expect(full + s, nb);
-      k::bulk_copy(smem + std::size_t(s) * stage, base + c, nb, full + s);
-    }
-    return;
-  }
+  if (ring_produce(g, pt, smem, S, stage, full, empty, 4, sink)) return;
   ling::cuda::kernels::pdl_wait();
   std::uint32_t const in = __ldcg(sink + 1);  // the region's input
   {  // B from the input: E4M3 bytes near 1.0 (0x38), the input's low bits folded in; 160 bytes per thread
