@@ -334,7 +334,9 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), kAll ? (kConsumers == 8
 // pool holds (0x01: small E4M3 subnormals); only the time counts. Dynamic shared memory: 1 KB of alignment slack, S
 // slots, 2 S mbarriers.
 constexpr int kWgTile = 8192, kWgKSteps = 20, kWgBBytes = kWgKSteps * 8 * 32;
-template <bool kScale = true>
+// kStageAfter false: B is written before the PDL wait from constants, as region_tma's and region_regs' xs (the
+// reference rows stage no input after their wait), and the input is one L2 load after it, as theirs.
+template <bool kScale = true, bool kStageAfter = true>
 __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(1024) unsigned char bsm[kWgBBytes];  // B: the input's limbs, N = 8 columns per k-step
@@ -346,15 +348,17 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
   ring_init(full, empty, S, 4);
   Part const pt = part_of(g, 1, stage);
   if (ring_produce(g, pt, smem, S, stage, full, empty, 4, sink)) return;
-  ling::cuda::kernels::pdl_wait();
-  std::uint32_t const in = __ldcg(sink + 1);  // the region's input
-  {  // B from the input: E4M3 bytes near 1.0 (0x38), the input's low bits folded in; 160 bytes per thread
+  auto stage_b = [&](std::uint32_t in) {  // E4M3 bytes near 1.0 (0x38), the input's low bits folded in
     uint4 const v = make_uint4(0x38383838u ^ (in & 0x01010101u), 0x38383838u, 0x38383838u, 0x38383838u);
     for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16)  // the stores of 20 KB of limbs, as 2560
       *reinterpret_cast<uint4*>(bsm + (o % kWgBBytes)) = v;                // inputs at N = 8 would take
     k::fence_proxy_async_smem();
     k::named_sync(1, 128);
-  }
+  };
+  if (!kStageAfter) stage_b(0u);
+  ling::cuda::kernels::pdl_wait();
+  std::uint32_t const in = __ldcg(sink + 1);  // the region's input
+  if (kStageAfter) stage_b(in);
   int const zero = fold == 99 ? 1 : 0, one = 1 - zero;  // run-time values (wgmma.cuh: a constant 0 serializes)
   float accf = 0.f;
   unsigned q = 0;
@@ -674,6 +678,8 @@ int main() {
                   kAllRegions);
     }
     timed_chain("wgmma: the same, 2 x 24 KB, no scale epilogue", region_wg<false>,
+                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
+    timed_chain("wgmma: the same, 2 x 24 KB, B before the wait (as the reference rows' xs)", region_wg<true, false>,
                 RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
     timed_chain("wgmma: mixed, wgmma rings for proj, kstep, oproj, router; register MoE at math 8", region_wg<true>,
                 RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
