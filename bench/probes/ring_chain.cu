@@ -659,8 +659,9 @@ int main() {
     }
   };
   // Tensor-core consumers (session 55): RING_CHAIN_WG=1 runs only these rows. The register chain at kM = 0 and 8 and
-  // the best CUDA-core ring at kM = 0 (session 53) as references in the same run, then region_wg's chain at 2 and 3
-  // slots of 24 KB (2 blocks per SM: a launch's block sits beside the next's), with and without the scale epilogue.
+  // the best CUDA-core ring at kM = 0 (session 53) as references in the same run, then region_wg's chain: 2 slots of
+  // 24 KB at 2 blocks per SM, 2-4 slots at 1 block per SM (in each a launch's blocks sit beside the next's), without
+  // the scale epilogue, with B written before the PDL wait, and mixed with register launches for the MoE regions.
   if (std::getenv("RING_CHAIN_WG")) {
     for (int kM : {0, 8}) {
       char label[160];
