@@ -340,7 +340,7 @@ template <bool kScale = true, bool kStageAfter = true>
 __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ __align__(1024) unsigned char bsm[kWgBBytes];  // B: the input's limbs, N = 8 columns per k-step
-  unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = k::smem_align1024(smem_raw);
   auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   std::uint64_t* empty = full + S;
   int const lane = int(threadIdx.x & 31);

@@ -31,7 +31,7 @@ template <int kDims>
 __global__ void __launch_bounds__(128, 1) tma_stream(__grid_constant__ CUtensorMap const map, int rows, int nkb, int R,
                                                      int kbs, int S, int P, std::uint32_t* sink) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = k::smem_align1024(smem_raw);
   unsigned const stage = unsigned(R) * 128u * unsigned(kbs);
   auto* bar = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(128, 1) tma_stream(__grid_constant__ CUtensorM
 // After the 3D copies: the first 64 rows × 2 k-blocks of the matrix as they landed (unswizzled on the host).
 __global__ void tma_check(__grid_constant__ CUtensorMap const map, unsigned char* out) {
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024u - (k::smem_u32(smem_raw) & 1023u)) & 1023u);
+  unsigned char* smem = k::smem_align1024(smem_raw);
   auto* bar = reinterpret_cast<std::uint64_t*>(smem + 64 * 128 * 2);
   if (threadIdx.x == 0) {
     k::mbar_init(bar, 1);

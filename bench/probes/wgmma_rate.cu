@@ -106,7 +106,7 @@ __device__ __forceinline__ void mma_ss<256>(float (&d)[128], std::uint64_t da, s
 template <int N, int kWait, int kChains = 1>
 __global__ void __launch_bounds__(128, 1) rate_kernel(int iters, long long* cycles, float* sink) {
   extern __shared__ __align__(1024) unsigned char raw[];
-  unsigned char* const base = raw + ((1024u - (k::smem_u32(raw) & 1023u)) & 1023u);
+  unsigned char* const base = k::smem_align1024(raw);
   for (int i = int(threadIdx.x); i < (8192 + N * 128) / 16; i += 128)
     reinterpret_cast<uint4*>(base)[i] = make_uint4(0, 0, 0, 0);
   k::fence_proxy_async_smem();

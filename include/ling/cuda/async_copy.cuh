@@ -23,6 +23,11 @@ namespace ling::cuda::kernels {
 __device__ __forceinline__ std::uint32_t smem_u32(void const* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
+// p advanced to the next 1024-byte boundary of the shared window (the 128-byte swizzle's atoms, the tensor maps'
+// destinations): dynamic shared memory carries no such alignment, so its users allocate 1 KB of slack.
+__device__ __forceinline__ unsigned char* smem_align1024(unsigned char* p) {
+  return p + ((1024u - (smem_u32(p) & 1023u)) & 1023u);
+}
 // 16 bytes, bypassing L1 (each weight byte is used once per token).
 __device__ __forceinline__ void cp_async16(void* dst, void const* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");

@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kWgvThreads, 1)
   pdl_trigger();
   trace_mark(a.trace, 0);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 0, global_ns());
-  unsigned char* const base = wgv_raw + ((1024u - (smem_u32(wgv_raw) & 1023u)) & 1023u);
+  unsigned char* const base = smem_align1024(wgv_raw);
   WgvSmem const L = wgv_smem(a.cols, a.stages);
   int const S = a.stages;
   unsigned char* const ring = base + L.ring;
