@@ -661,7 +661,8 @@ int main() {
   // Tensor-core consumers (session 55): RING_CHAIN_WG=1 runs only these rows. The register chain at kM = 0 and 8 and
   // the best CUDA-core ring at kM = 0 (session 53) as references in the same run, then region_wg's chain: 2 slots of
   // 24 KB at 2 blocks per SM, 2-4 slots at 1 block per SM (in each a launch's blocks sit beside the next's), without
-  // the scale epilogue, with B written before the PDL wait, and mixed with register launches for the MoE regions.
+  // the scale epilogue, with B written before the PDL wait, and mixed with register launches for the MoE regions (B
+  // after the wait, then before it).
   if (std::getenv("RING_CHAIN_WG")) {
     for (int kM : {0, 8}) {
       char label[160];
@@ -684,6 +685,8 @@ int main() {
                 RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
     timed_chain("wgmma: mixed, wgmma rings for proj, kstep, oproj, router; register MoE at math 8", region_wg<true>,
                 RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
+    timed_chain("wgmma: the same mixed, B before the wait", region_wg<true, false>, RingCfg{4, 2, 24u << 10, 2, 2, 1024u},
+                region_regs<8, 2>, 2, 0x0Fu);
     CK(cudaStreamSynchronize(st));
     return 0;
   }
