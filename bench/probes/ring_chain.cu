@@ -679,14 +679,14 @@ int main() {
       timed_chain(label, region_wg<true>, RingCfg{4, S, 24u << 10, 2, per_sm, 1024u}, region_regs<0, 2>, 2,
                   kAllRegions);
     }
-    timed_chain("wgmma: the same, 2 x 24 KB, no scale epilogue", region_wg<false>,
-                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
+    RingCfg const wg2{4, 2, 24u << 10, 2, 2, 1024u};  // the wgmma ring of the rows below: 2 x 24 KB, 2 blocks/SM
+    timed_chain("wgmma: the same, 2 x 24 KB, no scale epilogue", region_wg<false>, wg2, region_regs<0, 2>, 2,
+                kAllRegions);
     timed_chain("wgmma: the same, 2 x 24 KB, B before the wait (as the reference rows' xs)", region_wg<true, false>,
-                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
+                wg2, region_regs<0, 2>, 2, kAllRegions);
     timed_chain("wgmma: mixed, wgmma rings for proj, kstep, oproj, router; register MoE at math 8", region_wg<true>,
-                RingCfg{4, 2, 24u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
-    timed_chain("wgmma: the same mixed, B before the wait", region_wg<true, false>, RingCfg{4, 2, 24u << 10, 2, 2, 1024u},
-                region_regs<8, 2>, 2, 0x0Fu);
+                wg2, region_regs<8, 2>, 2, 0x0Fu);
+    timed_chain("wgmma: the same mixed, B before the wait", region_wg<true, false>, wg2, region_regs<8, 2>, 2, 0x0Fu);
     CK(cudaStreamSynchronize(st));
     return 0;
   }
