@@ -398,6 +398,156 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
   if (acc == kMagic) sink[0] = acc;
 }
 
+// region_wg with matvec_wg's consumer pieces added one at a time (session 57; session 56's item 1: in the model the
+// wgmma matvec lost where region_wg's ring gains). B is written before the PDL wait in every form (the fair row).
+//   kTiles: 8 KB tiles per slot (3: region_wg's 24 KB slots; 2: matvec_wg's 16 KB);
+//   kDepth2: two slots' wgmmas in flight (matvec_wg's issue / retire: the next slot issued, then wgmma.wait_group 1
+//     and the slot before it added up and handed back); otherwise each slot's wgmmas are awaited before the next;
+//   kUnit: matvec_wg's bookkeeping: per slot the unit's log entry and a scale product per tile from shared tables
+//     (wsc · xsc), the four limbs' column weights in the sums (two FMAs more per accumulator pair), and at each unit's
+//     end (every 20 / kTiles slots, a 2560-column row of units) a lookup of the unit's matrix, the quad's shuffle and a
+//     store of each row's sum;
+//   kMode: the block's part of the region (part_of: 1 interleaved chunks, as region_wg; 0 a contiguous slice).
+// Unlike region_wg, a region's ragged chunk is multiplied too (stale bytes past its end; only the time counts): the
+// wgmmas under no branch, which ptxas otherwise serializes (C7518).
+constexpr int kWgxOut = 16384;  // the unit rows' stores land in sink[16 .. 16 + kWgxOut) (the probe's sink is 64 KB)
+template <int kTiles, bool kDepth2, bool kUnit, int kMode = 1>
+__global__ void __launch_bounds__(32 * 5, 2)
+    region_wgx(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ __align__(1024) unsigned char bsm[kWgBBytes];
+  __shared__ float tab[2][64];  // kUnit: a unit's weight scales and the input's limb scales
+  __shared__ int ulog[8], ubegin[8];
+  unsigned char* smem = k::smem_align1024(smem_raw);
+  auto* full = reinterpret_cast<std::uint64_t*>(smem + std::size_t(S) * stage);
+  std::uint64_t* empty = full + S;
+  int const lane = int(threadIdx.x & 31), warp = int(threadIdx.x >> 5);
+  ling::cuda::kernels::pdl_trigger();
+  ring_init(full, empty, S, 4);
+  Part const pt = part_of(g, kMode, stage);
+  if (ring_produce(g, pt, smem, S, stage, full, empty, 4, sink)) return;
+  if (threadIdx.x < 64) {
+    tab[0][threadIdx.x] = 1.f + float(threadIdx.x) / 64.f;
+    tab[1][threadIdx.x] = __uint_as_float(0x3F800000u - ((threadIdx.x & 7u) << 23));
+  }
+  if (threadIdx.x < 8)
+    ulog[threadIdx.x] = int(blockIdx.x) + int(threadIdx.x), ubegin[threadIdx.x] = 40 * int(threadIdx.x);
+  {  // B before the wait (region_wg<true, false>'s stores), then the consumers' barrier
+    uint4 const v = make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
+    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16)
+      *reinterpret_cast<uint4*>(bsm + (o % kWgBBytes)) = v;
+    k::fence_proxy_async_smem();
+    k::named_sync(1, 128);
+  }
+  ling::cuda::kernels::pdl_wait();
+  std::uint32_t const in = __ldcg(sink + 1);  // the region's input
+  int const zero = fold == 99 ? 1 : 0, one = 1 - zero;
+  int const t = lane & 3, gq = lane >> 2;
+  float const c0 = t == 0 ? 1.f : t == 1 ? 1.f / 256.f : 0.f, c1 = t == 0 ? 1.f / 16.f : t == 1 ? 1.f / 4096.f : 0.f;
+  constexpr unsigned kSpu = (20 + kTiles - 1) / kTiles;  // slots per unit (2560 columns: 20 k-blocks)
+  float accf = 0.f, tot0 = 0.f, tot1 = 0.f;
+  float d[2][kTiles][4], fq[2][kTiles];
+  unsigned q = 0, uslot = 0, units = 0;
+  struct Slot {  // a landed chunk: its offset and ring slot
+    std::uint64_t c;
+    unsigned s;
+  };
+  auto issue = [&]<int p>(std::integral_constant<int, p>, Slot const& x) {
+    k::mbar_wait(full + x.s, (q / unsigned(S)) & 1u);
+    unsigned char const* slot = smem + std::size_t(x.s) * stage;
+    if (kUnit) {
+      int const u = ulog[q & 7u];
+#pragma unroll
+      for (int i = 0; i < kTiles; ++i) fq[p][i] = tab[0][(int(x.c / kWgTile) + i + u) & 63] * tab[1][(int(q) + i) & 63];
+    }
+    k::wgmma_fence();
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      int const ks = int(((x.c / kWgTile) + unsigned(i)) % (kWgKSteps / 4)) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        k::wgmma_e4m3_ss_n8(d[p][i], k::wgmma_desc_sw128(slot + i * kWgTile + 32 * j),
+                            k::wgmma_desc_kmajor(bsm + (ks + j) * 256), j ? one : zero);
+    }
+    k::wgmma_commit();
+  };
+  auto retire = [&]<int p>(std::integral_constant<int, p>, Slot const& x) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) k::wgmma_fence_acc(d[p][i]);
+    __syncwarp();
+    if (lane == 0) k::mbar_arrive(empty + x.s);
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      if (kUnit) {
+        float const f = fq[p][i];
+        tot0 = fmaf(fmaf(d[p][i][0], c0, d[p][i][1] * c1), f, tot0);
+        tot1 = fmaf(fmaf(d[p][i][2], c0, d[p][i][3] * c1), f, tot1);
+      } else {
+        float const sc = __uint_as_float(0x3F800000u + (unsigned(i) << 20));
+#pragma unroll
+        for (int r = 0; r < 4; ++r) accf = fmaf(sc, d[p][i][r], accf);
+      }
+    }
+    if (kUnit && ++uslot == kSpu) {  // the unit's end: its matrix, the quad's sums, the rows' stores
+      uslot = 0;
+      int const u = ulog[units & 7u];
+      int m = 0;
+      while (m + 1 < 6 && u >= ubegin[m + 1]) ++m;
+      float const s0 = tot0 + __shfl_xor_sync(0xffffffffu, tot0, 1), s1 = tot1 + __shfl_xor_sync(0xffffffffu, tot1, 1);
+      if (t == 0) {
+        unsigned const ra = unsigned(m * 4096 + u * 64 + 16 * warp + gq) & unsigned(kWgxOut - 1);
+        reinterpret_cast<float*>(sink + 16)[ra] = s0;
+        reinterpret_cast<float*>(sink + 16)[(ra + 8) & unsigned(kWgxOut - 1)] = s1;
+      }
+      tot0 = tot1 = 0.f;
+      ++units;
+    }
+  };
+  using P0 = std::integral_constant<int, 0>;
+  using P1 = std::integral_constant<int, 1>;
+  auto make = [&](std::uint64_t c) { return Slot{c, q % unsigned(S)}; };
+  std::uint64_t c = pt.first;
+  if constexpr (!kDepth2) {
+    for (; c < pt.end; c += pt.step, ++q) {
+      Slot const x = make(c);
+      issue(P0{}, x);
+      k::wgmma_wait<0>();
+      retire(P0{}, x);
+    }
+  } else {
+    if (c <
+        pt.end) {  // matvec_wg's order: the first slot issued, then per slot the next issued, the one before retired
+      Slot sa = make(c), sb{};
+      issue(P0{}, sa);
+      c += pt.step, ++q;
+      for (;;) {
+        if (c >= pt.end) {
+          k::wgmma_wait<0>();
+          retire(P0{}, sa);
+          break;
+        }
+        sb = make(c);
+        issue(P1{}, sb);
+        c += pt.step, ++q;
+        k::wgmma_wait<1>();
+        retire(P0{}, sa);
+        if (c >= pt.end) {
+          k::wgmma_wait<0>();
+          retire(P1{}, sb);
+          break;
+        }
+        sa = make(c);
+        issue(P0{}, sa);
+        c += pt.step, ++q;
+        k::wgmma_wait<1>();
+        retire(P1{}, sb);
+      }
+    }
+  }
+  std::uint32_t const acc = __float_as_uint(accf + tot0 + tot1) ^ in;
+  if (acc == kMagic) sink[0] = acc;
+}
+
 // The register chain at the same math (region_chain's "launch, row first" on these regions): one region as one PDL
 // launch of 8-warp blocks; warp w streams rows w, w + W, ... into registers (probe::stream_rows, two rows in flight),
 // its first row requested before the PDL wait unless the region's addresses depend on an earlier region (back > 0).
@@ -505,8 +655,8 @@ int main() {
   Region* dgs;
   CK(cudaMalloc(&pool, pool_bytes));
   CK(cudaMemset(pool, 1, pool_bytes));
-  CK(cudaMalloc(&sink, 64));
-  CK(cudaMemset(sink, 0, 64));
+  CK(cudaMalloc(&sink, 64 << 10));  // 64 KB: region_wgx's unit stores land past word 16
+  CK(cudaMemset(sink, 0, 64 << 10));
   CK(cudaMalloc(&times, sizeof(unsigned long long) * 12 * std::size_t(sms)));
   // the regions (rot: for chunks of `stage` bytes)
   auto regions = [&](unsigned stage) {
@@ -663,6 +813,33 @@ int main() {
   // 24 KB at 2 blocks per SM, 2-4 slots at 1 block per SM (in each a launch's blocks sit beside the next's), without
   // the scale epilogue, with B written before the PDL wait, and mixed with register launches for the MoE regions (B
   // after the wait, then before it).
+  // The consumer ladder (session 57, RING_CHAIN_WG=2: these rows only): region_wgx with matvec_wg's pieces added
+  // one at a time (slot size, two slots in flight, the unit bookkeeping, contiguous slices), every region a ring with
+  // B before the wait at 2 blocks per SM, beside the register chain at kM = 0 / 8 and region_wg's fair row.
+  if (char const* e = std::getenv("RING_CHAIN_WG"); e && e[0] == '2') {
+    for (int kM : {0, 8})
+      timed_chain(kM ? "math 8: register chain, 2 blocks of 8 warps/SM, row first"
+                     : "math 0: register chain, 2 blocks of 8 warps/SM, row first",
+                  region_tma<4, 0, true>, RingCfg{4, 2, 24u << 10, 2, 2}, kM ? region_regs<8, 2> : region_regs<0, 2>, 2,
+                  0u);
+    auto wgx = [&](char const* label, auto kern, int S, unsigned stage) {
+      timed_chain(label, kern, RingCfg{4, S, stage, 2, 2, 1024u}, region_regs<0, 2>, 2, kAllRegions);
+    };
+    wgx("wgmma: region_wg, 2 x 24 KB, B before the wait (session 56's fair row)", region_wg<true, false>, 2, 24u << 10);
+    wgx("wgx: the same rewritten (3 tiles, depth 1, no units)", region_wgx<3, false, false>, 2, 24u << 10);
+    wgx("wgx: 3 x 24 KB, depth 1", region_wgx<3, false, false>, 3, 24u << 10);
+    wgx("wgx: 16 KB slots (2 tiles), 3 x 16 KB, depth 1", region_wgx<2, false, false>, 3, 16u << 10);
+    wgx("wgx: 16 KB slots, 4 x 16 KB, depth 1", region_wgx<2, false, false>, 4, 16u << 10);
+    wgx("wgx: depth 2, 3 x 24 KB", region_wgx<3, true, false>, 3, 24u << 10);
+    wgx("wgx: depth 2, 4 x 24 KB", region_wgx<3, true, false>, 4, 24u << 10);
+    wgx("wgx: units, 2 x 24 KB, depth 1", region_wgx<3, false, true>, 2, 24u << 10);
+    wgx("wgx: units, 16 KB slots, depth 2, 4 x 16 KB (matvec_wg's consumer)", region_wgx<2, true, true>, 4, 16u << 10);
+    wgx("wgx: units, 16 KB slots, depth 2, 6 x 16 KB", region_wgx<2, true, true>, 6, 16u << 10);
+    wgx("wgx: contiguous slices, 2 x 24 KB, depth 1, no units", region_wgx<3, false, false, 0>, 2, 24u << 10);
+    wgx("wgx: contiguous slices, units, 16 KB, depth 2, 4 x 16 KB", region_wgx<2, true, true, 0>, 4, 16u << 10);
+    CK(cudaStreamSynchronize(st));
+    return 0;
+  }
   if (std::getenv("RING_CHAIN_WG")) {
     for (int kM : {0, 8}) {
       char label[160];
