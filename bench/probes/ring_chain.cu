@@ -407,15 +407,17 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
 //     (wsc · xsc), the four limbs' column weights in the sums (two FMAs more per accumulator pair), and at each unit's
 //     end (every 20 / kTiles slots, a 2560-column row of units) a lookup of the unit's matrix, the quad's shuffle and a
 //     store of each row's sum;
-//   kMode: the block's part of the region (part_of: 1 interleaved chunks, as region_wg; 0 a contiguous slice).
+//   kMode: the block's part of the region (part_of: 1 interleaved chunks, as region_wg; 0 a contiguous slice);
+//   kB: B's bytes in shared memory (5 KB: the probe's two limbs; 20 KB: matvec_wg's four limbs in n8 at 2560 columns),
+//     which only changes the block's footprint (the wgmmas read its first 5 KB).
 // Unlike region_wg, a region's ragged chunk is multiplied too (stale bytes past its end; only the time counts): the
 // wgmmas under no branch, which ptxas otherwise serializes (C7518).
 constexpr int kWgxOut = 16384;  // the unit rows' stores land in sink[16 .. 16 + kWgxOut) (the probe's sink is 64 KB)
-template <int kTiles, bool kDepth2, bool kUnit, int kMode = 1>
+template <int kTiles, bool kDepth2, bool kUnit, int kMode = 1, int kB = kWgBBytes>
 __global__ void __launch_bounds__(32 * 5, 2)
     region_wgx(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ __align__(1024) unsigned char bsm[kWgBBytes];
+  __shared__ __align__(1024) unsigned char bsm[kB];
   __shared__ float tab[2][64];  // kUnit: a unit's weight scales and the input's limb scales
   __shared__ int ulog[8], ubegin[8];
   unsigned char* smem = k::smem_align1024(smem_raw);
@@ -434,8 +436,7 @@ __global__ void __launch_bounds__(32 * 5, 2)
     ulog[threadIdx.x] = int(blockIdx.x) + int(threadIdx.x), ubegin[threadIdx.x] = 40 * int(threadIdx.x);
   {  // B before the wait (region_wg<true, false>'s stores), then the consumers' barrier
     uint4 const v = make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
-    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16)
-      *reinterpret_cast<uint4*>(bsm + (o % kWgBBytes)) = v;
+    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16) *reinterpret_cast<uint4*>(bsm + (o % kB)) = v;
     k::fence_proxy_async_smem();
     k::named_sync(1, 128);
   }
@@ -837,6 +838,22 @@ int main() {
     wgx("wgx: units, 16 KB slots, depth 2, 6 x 16 KB", region_wgx<2, true, true>, 6, 16u << 10);
     wgx("wgx: contiguous slices, 2 x 24 KB, depth 1, no units", region_wgx<3, false, false, 0>, 2, 24u << 10);
     wgx("wgx: contiguous slices, units, 16 KB, depth 2, 4 x 16 KB", region_wgx<2, true, true, 0>, 4, 16u << 10);
+    // second round (the footprint): smaller rings, depth 2 within 48 KB, 8 KB slots, B at matvec_wg's 20 KB
+    wgx("wgx: 16 KB slots, 2 x 16 KB, depth 1", region_wgx<2, false, false>, 2, 16u << 10);
+    wgx("wgx: 16 KB slots, 3 x 16 KB, depth 2", region_wgx<2, true, false>, 3, 16u << 10);
+    wgx("wgx: 8 KB slots (1 tile), 6 x 8 KB, depth 1", region_wgx<1, false, false>, 6, 8u << 10);
+    wgx("wgx: 8 KB slots, 6 x 8 KB, depth 2", region_wgx<1, true, false>, 6, 8u << 10);
+    wgx("wgx: units, 16 KB slots, 3 x 16 KB, depth 1", region_wgx<2, false, true>, 3, 16u << 10);
+    wgx("wgx: units, 16 KB slots, 3 x 16 KB, depth 2", region_wgx<2, true, true>, 3, 16u << 10);
+    wgx("wgx: 16 KB slots, 3 x 16 KB, depth 1, B 20 KB", region_wgx<2, false, false, 1, 4 * kWgBBytes>, 3, 16u << 10);
+    wgx("wgx: 16 KB slots, 2 x 16 KB, depth 1, B 20 KB", region_wgx<2, false, false, 1, 4 * kWgBBytes>, 2, 16u << 10);
+    wgx("wgx: units, 16 KB slots, 2 x 16 KB, depth 1, B 20 KB", region_wgx<2, false, true, 1, 4 * kWgBBytes>, 2,
+        16u << 10);
+    // mixed (the MoE regions stay register launches at the model's math), against the register chain at math 8
+    timed_chain("wgx: mixed, rings (16 KB, 3 x 16 KB, depth 1) for proj, kstep, oproj, router; register MoE at math 8",
+                region_wgx<2, false, false>, RingCfg{4, 3, 16u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
+    timed_chain("wgx: the same mixed with units and B 20 KB, 2 x 16 KB", region_wgx<2, false, true, 1, 4 * kWgBBytes>,
+                RingCfg{4, 2, 16u << 10, 2, 2, 1024u}, region_regs<8, 2>, 2, 0x0Fu);
     CK(cudaStreamSynchronize(st));
     return 0;
   }

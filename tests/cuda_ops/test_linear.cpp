@@ -283,12 +283,13 @@ TEST_CASE("block FP8: the matvec's dynamic tail gives the static order's bits an
 
 // The FP8-block matvec on wgmma with tensor-map copies (matvec_wg.cuh): the KDA projections' six matrices, o_proj's
 // shape, tails of the 32- and 64-row units, units of one ring slot (512 columns), rows spanning several 128-row scale
-// blocks, units claimed from the launch's counter, both unit sizes forced, the RMSNorm prologue and a residual. Its
-// error is the tensor core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as
-// check_multi does (MultiSet::err_of_terms), with a looser bound. Repeated launches (the claim counters reused) give
-// the same bits. A NaN input reaches every row; other policies and columns that are not a multiple of 512 are refused.
-// The lean form (two blocks per SM, 4 stagers, 2 ring slots; session 56) takes the same cases up to 4096 columns and
-// refuses wider ones.
+// blocks, the widest rows (6144 columns: a unit's slots outnumber the ring's, so the ring wraps inside a unit), units
+// claimed from the launch's counter, both unit sizes forced, the RMSNorm prologue and a residual. Its error is the
+// tensor core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as check_multi
+// does (MultiSet::err_of_terms), with a looser bound. Repeated launches (the claim counters reused) give the same bits.
+// A NaN input reaches every row; other policies and columns that are not a multiple of 512 are refused. The lean forms
+// (two blocks per SM, 4 stagers, 2 ring slots; session 56; and with one slot's wgmmas in flight, session 57) take the
+// same cases up to 4096 columns and refuse wider ones.
 
 TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
   LING_REQUIRE_GPU();
@@ -298,12 +299,13 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     std::vector<std::int64_t> rows;
   };
   for (Shape const& sh : {Shape{2560, {4096, 4096, 4096, 4096, 4096, 32}}, Shape{4096, {2560}}, Shape{512, {1, 5, 300}},
-                          Shape{1536, {70, 33, 129}}}) {
+                          Shape{1536, {70, 33, 129}}, Shape{6144, {64, 40}}}) {
     MultiSet<P> set(sh.cols, sh.rows);
     auto x = randn(static_cast<std::size_t>(sh.cols));
     x[5] = 40.f;  // one large input: the k-block's power-of-two scale follows it, the limbs keep the small ones
-    for (int lean : {0, 1})
+    for (int lean : {0, 1, 2})
       for (int R : {0, 32, 64}) {
+        if (lean && sh.cols > 4096) continue;  // refused (checked below)
         CAPTURE(sh.cols);
         CAPTURE(R);
         CAPTURE(lean);
@@ -334,7 +336,7 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     pro.kind = cuda::PrologueKind::kRmsNorm;
     pro.norm_w = dw.data();
     pro.eps = eps;
-    for (int lean : {0, 1}) {
+    for (int lean : {0, 1, 2}) {
       CAPTURE(lean);
       auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
         return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, pro, dres.data(), 0, lean);
@@ -347,7 +349,8 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
   {
     MultiSet<P> set(2560, {4096, 1000, 17});
     auto const x = randn(2560);
-    for (auto const& [R, lean] : {std::pair{32, 0}, std::pair{64, 0}, std::pair{32, 1}}) {
+    for (auto const& [R, lean] :
+         {std::pair{32, 0}, std::pair{64, 0}, std::pair{32, 1}, std::pair{32, 2}, std::pair{64, 2}}) {
       CAPTURE(R);
       CAPTURE(lean);
       auto wg = [R, lean](auto ws, float const* xp, float* y) {
@@ -365,7 +368,7 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     MultiSet<P> set(2560, {100, 7});
     auto x = randn(2560);
     x[1000] = std::nanf("");
-    for (int lean : {0, 1}) {
+    for (int lean : {0, 1, 2}) {
       auto const y = set.run(x, [lean](auto ws, float const* xp, float* yp) {
         return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr, cuda::InputPrologue{}, nullptr, 0, lean);
       });
@@ -384,8 +387,9 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     auto dm = cuda::DeviceMatrix<P>::upload(mm.view());
     cuda::DeviceMatrix<P> const* one[1] = {&dm};
     DeviceVec dx(randn(6144)), dy(8);
-    CHECK(cuda::launch_matvec_multi_wg(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(),
-                                       nullptr, cuda::InputPrologue{}, nullptr, 0, 1) == cudaErrorInvalidValue);
+    for (int lean : {1, 2})
+      CHECK(cuda::launch_matvec_multi_wg(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(),
+                                         nullptr, cuda::InputPrologue{}, nullptr, 0, lean) == cudaErrorInvalidValue);
   }
   // refused: columns that are not a multiple of 512 (96: not whole 128-blocks; 640: 5 k-blocks, rows of scales that
   // are not whole 16-byte units), and another policy

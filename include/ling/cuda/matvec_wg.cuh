@@ -126,7 +126,7 @@ __host__ __device__ constexpr WgvSmem wgv_smem(int cols, int stages) {
   s.ring = 0;
   s.b = stages * kWgvStageBytes;
   s.wsc = s.b + 8 * 128 * wgv_kb_pad(nkb);  // 1024-byte multiple: the tensor copies' 128-byte alignment
-  s.xsc = s.wsc + 256 * kWgvMaxStages;
+  s.xsc = s.wsc + 256 * stages;             // a row of weight scales per ring slot (indexed modulo the slots)
   s.ulog = s.xsc + 4 * kWgvMaxKb;
   s.red = s.ulog + 4 * kWgvMaxStages;
   s.red2 = s.red + 4 * kWgvStageWarps;        // [2][32] floats: R = 32's row sums of warps 2-3, by unit parity
@@ -215,8 +215,10 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
   }
 }
 
-// kStagers, kMinBlocks: the default form (kWgvStagers, one block per SM) or the lean one (kWgvLeanStagers, two)
-template <int R, int kStagers = kWgvStagers, int kMinBlocks = 1>
+// kStagers, kMinBlocks: the default form (kWgvStagers, one block per SM) or the lean one (kWgvLeanStagers, two).
+// kDepth: the slots whose wgmmas are in flight at once (2: the next slot issued before the one before it is added up;
+// 1: each slot awaited and added up before the next is issued, the lean form's LING_WGV_LEAN=2).
+template <int R, int kStagers = kWgvStagers, int kMinBlocks = 1, int kDepth = 2>
 __global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
     matvec_wg_kernel(__grid_constant__ WgvArgs const a, float const* x, InputPrologue pro) {
   constexpr int kSW = 4 + kStagers;  // staging warps
@@ -447,22 +449,29 @@ __global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
     wgmma_wait<1>();
     if (dbg) gwait += clock64() - t0;
   };
-  issue(P0{});  // every block has a unit (the grid is at most the units)
-  for (;;) {
-    if (!issue(P1{})) {
+  if constexpr (kDepth == 1) {
+    while (issue(P0{})) {  // one slot in flight: issued, awaited, added up
       wgmma_wait<0>();
       retire(P0{});
-      break;
     }
-    wait1();
-    retire(P0{});
-    if (!issue(P0{})) {
-      wgmma_wait<0>();
+  } else {        // two in flight: the next slot issued, then the one before it awaited and added up
+    issue(P0{});  // every block has a unit (the grid is at most the units)
+    for (;;) {
+      if (!issue(P1{})) {
+        wgmma_wait<0>();
+        retire(P0{});
+        break;
+      }
+      wait1();
+      retire(P0{});
+      if (!issue(P0{})) {
+        wgmma_wait<0>();
+        retire(P1{});
+        break;
+      }
+      wait1();
       retire(P1{});
-      break;
     }
-    wait1();
-    retire(P1{});
   }
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 9, (unsigned long long)gwait);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 6, (unsigned long long)cwait), wgv_dbg(a.dbg, 8, global_ns());
@@ -561,7 +570,8 @@ inline int matvec_wg_rows(MultiArgs const& a, int sms) {
 // out_i = W_i · prologue(x) (+ residual_i) for the matrices of a (FP8-block): cudaErrorInvalidValue when the kernel
 // does not take them (matvec_wg_supported) or a tensor map is refused; the caller then runs launch_matvec_args.
 // lean: 1 the lean form (kWgvLeanStagers, two blocks per SM; cudaErrorInvalidValue where its columns or shared memory
-// do not fit), 0 the default form, -1 as LING_WGV_LEAN says (default 0).
+// do not fit), 2 the same with one slot's wgmmas in flight (session 57), 0 the default form, -1 as LING_WGV_LEAN says
+// (default 0).
 template <class P>
 cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream,
                                   int rows_per_unit = 0, unsigned long long* dbg = nullptr, int lean = -1) {
@@ -580,7 +590,7 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
                    env_late = env_int("LING_WGV_XBAR_LATE", 0), env_lean = env_int("LING_WGV_LEAN", 0);
   static int const optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
                    per_sm_smem = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  if (lean < 0) lean = env_lean == 1 ? 1 : 0;
+  if (lean < 0) lean = env_lean == 1 || env_lean == 2 ? env_lean : 0;
   if (lean && a.m[0].cols > kWgvLeanMaxCols) return cudaErrorInvalidValue;
   if (rows_per_unit == 0) rows_per_unit = env_r;
   int const R = rows_per_unit == 32 || rows_per_unit == 64 ? rows_per_unit : matvec_wg_rows(a, sms);
@@ -592,7 +602,7 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   int const fixed = wgv_smem(w.cols, 0).total + 1024;  // + the 1024-byte alignment
   // the lean form: two blocks per SM (each block's shared memory + the 1 KB the SM reserves per block)
   int const room = lean ? std::min(optin, per_sm_smem / 2 - 1024) : optin;
-  int const fit = std::min(kWgvMaxStages, (room - fixed) / kWgvStageBytes);
+  int const fit = std::min(kWgvMaxStages, (room - fixed) / (kWgvStageBytes + 256));  // a slot and its scales' row
   if (fit < 2) return cudaErrorInvalidValue;
   w.stages = env_stages >= 2 && env_stages <= fit ? env_stages : lean ? 2 : fit;
   w.prefill = env_pre >= 0 && env_pre < w.stages ? env_pre : w.stages;
@@ -618,8 +628,10 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   int const units = w.unit_begin[a.count];
   int const slots = lean ? 2 * sms : sms;
   unsigned const blocks = unsigned(units < slots ? units : slots);
-  auto kernel = lean ? (R == 64 ? matvec_wg_kernel<64, kWgvLeanStagers, 2> : matvec_wg_kernel<32, kWgvLeanStagers, 2>)
-                     : (R == 64 ? matvec_wg_kernel<64> : matvec_wg_kernel<32>);
+  auto kernel =
+      lean == 2 ? (R == 64 ? matvec_wg_kernel<64, kWgvLeanStagers, 2, 1> : matvec_wg_kernel<32, kWgvLeanStagers, 2, 1>)
+      : lean    ? (R == 64 ? matvec_wg_kernel<64, kWgvLeanStagers, 2> : matvec_wg_kernel<32, kWgvLeanStagers, 2>)
+                : (R == 64 ? matvec_wg_kernel<64> : matvec_wg_kernel<32>);
   if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
   return launch_ex(kernel, dim3(blocks), dim3(32 * (5 + (lean ? kWgvLeanStagers : kWgvStagers))), smem, stream, w, x,
                    pro);
