@@ -45,10 +45,10 @@ LING_TEST_PRELOAD(test::Int8Row)
 #undef LING_TEST_PRELOAD
 template cudaError_t launch_matvec_multi_wg<quant::Fp8Block>(std::span<DeviceMatrix<quant::Fp8Block> const* const>,
                                                              float const*, float*, cudaStream_t, InputPrologue const&,
-                                                             float const*, int, int);
+                                                             float const*, int);
 template cudaError_t launch_matvec_multi_wg<quant::Fp8Row>(std::span<DeviceMatrix<quant::Fp8Row> const* const>,
                                                            float const*, float*, cudaStream_t, InputPrologue const&,
-                                                           float const*, int, int);
+                                                           float const*, int);
 LING_TEST_MOE(quant::Mxfp4, quant::Fp8Block)
 LING_TEST_MOE(quant::Fp8Block, quant::Fp8Block)
 LING_TEST_MOE(quant::Bf16, quant::Bf16)

@@ -287,9 +287,7 @@ TEST_CASE("block FP8: the matvec's dynamic tail gives the static order's bits an
 // claimed from the launch's counter, both unit sizes forced, the RMSNorm prologue and a residual. Its error is the
 // tensor core's FP8 accumulation within each k-block of 128 (about 14 bits): measured against Σ|w x| as check_multi
 // does (MultiSet::err_of_terms), with a looser bound. Repeated launches (the claim counters reused) give the same bits.
-// A NaN input reaches every row; other policies and columns that are not a multiple of 512 are refused. The lean forms
-// (two blocks per SM, 4 stagers, 2 ring slots; session 56; and with one slot's wgmmas in flight, session 57) take the
-// same cases up to 4096 columns and refuse wider ones.
+// A NaN input reaches every row; other policies and columns that are not a multiple of 512 are refused.
 
 TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
   LING_REQUIRE_GPU();
@@ -303,20 +301,16 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     MultiSet<P> set(sh.cols, sh.rows);
     auto x = randn(static_cast<std::size_t>(sh.cols));
     x[5] = 40.f;  // one large input: the k-block's power-of-two scale follows it, the limbs keep the small ones
-    for (int lean : {0, 1, 2})
-      for (int R : {0, 32, 64}) {
-        if (lean && sh.cols > 4096) continue;  // refused (checked below)
-        CAPTURE(sh.cols);
-        CAPTURE(R);
-        CAPTURE(lean);
-        auto const out = set.run(x, [R, lean](auto ws, float const* xp, float* y) {
-          return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R, lean);
-        });
-        double const err = set.err_of_terms(out, x);
-        MESSAGE("wgmma matvec: cols " << sh.cols << ", R " << R << ", lean " << lean << ": error " << err
-                                      << " of sum |w x|");
-        CHECK(err < (sh.cols == 512 ? 2e-4 : 1e-4));  // four k-blocks: little averaging over blocks. NaN fails
-      }
+    for (int R : {0, 32, 64}) {
+      CAPTURE(sh.cols);
+      CAPTURE(R);
+      auto const out = set.run(x, [R](auto ws, float const* xp, float* y) {
+        return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R);
+      });
+      double const err = set.err_of_terms(out, x);
+      MESSAGE("wgmma matvec: cols " << sh.cols << ", R " << R << ": error " << err << " of sum |w x|");
+      CHECK(err < (sh.cols == 512 ? 2e-4 : 1e-4));  // four k-blocks: little averaging over blocks. NaN fails
+    }
   }
   // the RMSNorm prologue and a residual (the KDA projections take the first, o_proj the second)
   {
@@ -336,25 +330,20 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     pro.kind = cuda::PrologueKind::kRmsNorm;
     pro.norm_w = dw.data();
     pro.eps = eps;
-    for (int lean : {0, 1, 2}) {
-      CAPTURE(lean);
-      auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
-        return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, pro, dres.data(), 0, lean);
-      });
-      CHECK(set.err_of_terms(out, xn, res) < 1e-4);
-    }
+    auto const out = set.run(x, [&](auto ws, float const* xp, float* y) {
+      return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, pro, dres.data());
+    });
+    CHECK(set.err_of_terms(out, xn, res) < 1e-4);
   }
   // the units past the first are claimed from a counter that each launch's last claim puts back to zero: 300 launches
   // (more than the kWgvCounters counters, so each is taken again) give the first launch's bits, with both unit sizes
   {
     MultiSet<P> set(2560, {4096, 1000, 17});
     auto const x = randn(2560);
-    for (auto const& [R, lean] :
-         {std::pair{32, 0}, std::pair{64, 0}, std::pair{32, 1}, std::pair{32, 2}, std::pair{64, 2}}) {
+    for (int R : {32, 64}) {
       CAPTURE(R);
-      CAPTURE(lean);
-      auto wg = [R, lean](auto ws, float const* xp, float* y) {
-        return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R, lean);
+      auto wg = [R](auto ws, float const* xp, float* y) {
+        return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, R);
       };
       auto const first = set.run(x, wg);
       CHECK(set.err_of_terms(first, x) < 1e-4);
@@ -368,28 +357,9 @@ TEST_CASE("block FP8 matvec on wgmma and tensor-map copies matches the CPU") {
     MultiSet<P> set(2560, {100, 7});
     auto x = randn(2560);
     x[1000] = std::nanf("");
-    for (int lean : {0, 1, 2}) {
-      auto const y = set.run(x, [lean](auto ws, float const* xp, float* yp) {
-        return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr, cuda::InputPrologue{}, nullptr, 0, lean);
-      });
-      CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
-    }
-  }
-  // the lean form refuses columns past 4096 (its input registers), where the default form takes them
-  {
-    MultiSet<P> set(6144, {64});
-    auto const x = randn(6144);
-    auto const out = set.run(x, [](auto ws, float const* xp, float* y) {
-      return cuda::launch_matvec_multi_wg(ws, xp, y, nullptr, cuda::InputPrologue{}, nullptr, 0, 0);
-    });
-    CHECK(set.err_of_terms(out, x) < 1e-4);
-    auto mm = random_matrix<P>(8, 6144, 0.05f);
-    auto dm = cuda::DeviceMatrix<P>::upload(mm.view());
-    cuda::DeviceMatrix<P> const* one[1] = {&dm};
-    DeviceVec dx(randn(6144)), dy(8);
-    for (int lean : {1, 2})
-      CHECK(cuda::launch_matvec_multi_wg(std::span<cuda::DeviceMatrix<P> const* const>(one), dx.data(), dy.data(),
-                                         nullptr, cuda::InputPrologue{}, nullptr, 0, lean) == cudaErrorInvalidValue);
+    auto const y = set.run(
+        x, [](auto ws, float const* xp, float* yp) { return cuda::launch_matvec_multi_wg(ws, xp, yp, nullptr); });
+    CHECK(std::all_of(y.begin(), y.end(), [](float v) { return std::isnan(v); }));
   }
   // refused: columns that are not a multiple of 512 (96: not whole 128-blocks; 640: 5 k-blocks, rows of scales that
   // are not whole 16-byte units), and another policy

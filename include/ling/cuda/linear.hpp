@@ -314,11 +314,9 @@ inline std::atomic<int>& matvec_preload_launches() {
 // The same (FP8-block only, cols a whole number of 128-column blocks) on FP8 wgmma, the weights streamed by tensor-map
 // copies (matvec_wg.cuh), with an input prologue and a residual (added at the outputs' offsets, may alias y).
 // cudaErrorInvalidValue where it does not apply. rows_per_unit 32 or 64 forces the kernel's unit of rows; 0 chooses.
-// lean: 1 the lean form (two blocks per SM, columns up to 4096), 2 the same with one ring slot's wgmmas in flight at a
-// time, 0 the default form, -1 as LING_WGV_LEAN says.
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                    cudaStream_t stream, InputPrologue const& pro = {}, float const* residual = nullptr,
-                                   int rows_per_unit = 0, int lean = -1);
+                                   int rows_per_unit = 0);
 
 }  // namespace ling::cuda

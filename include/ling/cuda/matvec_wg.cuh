@@ -48,12 +48,6 @@ inline constexpr int kWgvMaxStages = 12;             // ring slots, at most (as 
 inline constexpr int kWgvMaxCols = 6144;             // B's 8 bytes per column (48 KB at most; the ring takes the rest)
 inline constexpr int kWgvMaxKb = kWgvMaxCols / 128;  // k-blocks of a row, at most
 inline constexpr int kWgvCounters = 256;             // claim counters, taken round robin by the launches
-// The lean form (LING_WGV_LEAN=1, session 56; opt-in, a trial): kWgvLeanStagers stagers (288 threads), two blocks per
-// SM and two ring slots by default, so that a launch's blocks sit beside the launch before's and after's, as
-// bench/probes/ring_chain's tensor-core ring rows do (docs/kernels.md "A persistent step with a shared-memory weight
-// ring"); columns up to kWgvLeanMaxCols (its input registers are sized for them).
-inline constexpr int kWgvLeanStagers = 4;
-inline constexpr int kWgvLeanMaxCols = 4096;
 
 struct WgvArgs {
   CUtensorMap map[kMaxMultiMatrices];   // [128 bytes, rows, k-blocks], boxes of [128, R, kKbs], 128-byte swizzle
@@ -126,7 +120,7 @@ __host__ __device__ constexpr WgvSmem wgv_smem(int cols, int stages) {
   s.ring = 0;
   s.b = stages * kWgvStageBytes;
   s.wsc = s.b + 8 * 128 * wgv_kb_pad(nkb);  // 1024-byte multiple: the tensor copies' 128-byte alignment
-  s.xsc = s.wsc + 256 * stages;             // a row of weight scales per ring slot (indexed modulo the slots)
+  s.xsc = s.wsc + 256 * kWgvMaxStages;
   s.ulog = s.xsc + 4 * kWgvMaxKb;
   s.red = s.ulog + 4 * kWgvMaxStages;
   s.red2 = s.red + 4 * kWgvStageWarps;        // [2][32] floats: R = 32's row sums of warps 2-3, by unit parity
@@ -135,9 +129,9 @@ __host__ __device__ constexpr WgvSmem wgv_smem(int cols, int stages) {
   return s;
 }
 
-// The staging warps (the consumer warpgroup and the kernel's stagers: kSW in all, staging warp sw) stage the
+// The staging warps (the consumer warpgroup and kWgvStagers more: kWgvStageWarps in all, staging warp sw) stage the
 // input: x (and, for the RMSNorm prologue, the norm's weights) into registers, 4 elements per thread and k-block
-// (staging warp sw takes k-blocks sw, sw + kSW, ...; lane l elements 4 l .. 4 l + 3 of each), then each
+// (staging warp sw takes k-blocks sw, sw + kWgvStageWarps, ...; lane l elements 4 l .. 4 l + 3 of each), then each
 // k-block's kWgvLimbs E4M3 limbs of x · w into B. The RMS statistic's 1 / rms multiplies the outputs instead
 // (W (x · w / rms) = (W (x · w)) / rms), so no barrier precedes the limbs: each warp's partial sum of squares goes to
 // red[sw], read after the staging's barrier. xsc[kb] = the value of limb 0's unit (the k-block's 2^e); NaN when the
@@ -148,17 +142,17 @@ struct WgvInput {
   float4 v[kJ], w[kJ];
 };
 // Before the PDL wait: the RMSNorm's weights (a weight, like the matrix: no earlier kernel writes them); 1 otherwise.
-template <int kSW, int kJ>
+template <int kJ>
 __device__ __forceinline__ void wgv_load_norm(WgvInput<kJ>& in, InputPrologue const& p, int cols, int sw) {
   int const lane = int(threadIdx.x & 31), nkb = cols / 128;
   bool const norm = p.kind == PrologueKind::kRmsNorm;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    int const kb = sw + kSW * j, c = 128 * kb + 4 * lane;
+    int const kb = sw + kWgvStageWarps * j, c = 128 * kb + 4 * lane;
     in.w[j] = kb < nkb && norm ? __ldg(reinterpret_cast<float4 const*>(p.norm_w + c)) : make_float4(1.f, 1.f, 1.f, 1.f);
   }
 }
-template <bool kPair, int kSW, int kJ>
+template <bool kPair, int kJ>
 __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, float* red, float const* __restrict__ x,
                                                 InputPrologue const& p, int cols, WgvInput<kJ>& in, int sw,
                                                 unsigned long long* mark) {
@@ -167,7 +161,7 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
   float4 const(&w)[kJ] = in.w;
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {  // every load first: one round trip
-    int const kb = sw + kSW * j, c = 128 * kb + 4 * lane;
+    int const kb = sw + kWgvStageWarps * j, c = 128 * kb + 4 * lane;
     v[j] = kb < nkb ? __ldg(reinterpret_cast<float4 const*>(x + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   if (mark) {  // the time its first load is back (the asm takes the loaded value: it waits for it)
@@ -177,7 +171,7 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
   }
 #pragma unroll
   for (int j = 0; j < kJ; ++j) {
-    int const kb = sw + kSW * j;
+    int const kb = sw + kWgvStageWarps * j;
     if (kb >= nkb) continue;
     float const e4[4] = {v[j].x * w[j].x, v[j].y * w[j].y, v[j].z * w[j].z, v[j].w * w[j].w};
     std::uint32_t m = 0;
@@ -215,14 +209,9 @@ __device__ __forceinline__ void wgv_stage_input(unsigned char* B, float* xsc, fl
   }
 }
 
-// kStagers, kMinBlocks: the default form (kWgvStagers, one block per SM) or the lean one (kWgvLeanStagers, two).
-// kDepth: the slots whose wgmmas are in flight at once (2: the next slot issued before the one before it is added up;
-// 1: each slot awaited and added up before the next is issued, the lean form's LING_WGV_LEAN=2).
-template <int R, int kStagers = kWgvStagers, int kMinBlocks = 1, int kDepth = 2>
-__global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
+template <int R>
+__global__ void __launch_bounds__(kWgvThreads, 1)
     matvec_wg_kernel(__grid_constant__ WgvArgs const a, float const* x, InputPrologue pro) {
-  constexpr int kSW = 4 + kStagers;  // staging warps
-  constexpr int kMaxKb = kMinBlocks > 1 ? kWgvLeanMaxCols / 128 : kWgvMaxKb;
   constexpr int kKbs = kWgvStageBytes / (R * 128);  // k-blocks per ring slot
   constexpr bool kPair = R == 32;                   // wgmma m64n16 over two k-blocks (wgv_b_offset)
   constexpr int kMma = kPair ? kKbs / 2 : kKbs;     // wgmma chains per slot
@@ -318,11 +307,11 @@ __global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
   // the staging warps (the consumers and the stagers), before the PDL wait: B zeroed (the limbs fill their columns
   // after the wait), the norm's weights
   int const sw = warp < 4 ? warp : warp - 1, stid = 32 * sw + lane;  // staging warp, thread
-  for (int i = stid; i < wgv_kb_pad(nkb) * 1024 / 16; i += 32 * kSW)
+  for (int i = stid; i < wgv_kb_pad(nkb) * 1024 / 16; i += 32 * kWgvStageWarps)
     reinterpret_cast<uint4*>(B)[i] = make_uint4(0u, 0u, 0u, 0u);
-  WgvInput<(kMaxKb + kSW - 1) / kSW> in;
-  wgv_load_norm<kSW>(in, pro, a.cols, sw);
-  named_sync(2, 32 * kSW);  // the zeros before any thread's limbs
+  WgvInput<(kWgvMaxKb + kWgvStageWarps - 1) / kWgvStageWarps> in;
+  wgv_load_norm(in, pro, a.cols, sw);
+  named_sync(2, 32 * kWgvStageWarps);  // the zeros before any thread's limbs
   pdl_wait();
   trace_mark(a.trace, 1);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 2, global_ns());
@@ -331,25 +320,25 @@ __global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
       : a.mid == 1 && a.trace && threadIdx.x == 0 && trace_block() < unsigned(kTraceBlocks)
           ? a.trace + trace_block() * kTracePhases + 2
           : nullptr;
-  wgv_stage_input<kPair, kSW>(B, xsc, red, x, pro, a.cols, in, sw, xmark);
+  wgv_stage_input<kPair>(B, xsc, red, x, pro, a.cols, in, sw, xmark);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 3, global_ns());
   if (a.mid == 2) trace_mark(a.trace, 2);
   if (!a.xbar_late && threadIdx.x == 0) mbar_arrive(xbar);  // the input is in: the producer requests the rest
   fence_proxy_async_smem();  // B's generic writes before the wgmmas read it (the async proxy)
   if (warp >= 5) {           // a stager: its limbs and partial sum are in; it leaves
-    named_arrive(1, 32 * kSW);
+    named_arrive(1, 32 * kWgvStageWarps);
     trace_end(a.trace);
     return;
   }
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 10, global_ns());
-  named_sync(1, 32 * kSW);
+  named_sync(1, 32 * kWgvStageWarps);
   if (a.xbar_late && threadIdx.x == 0) mbar_arrive(xbar);
   if (a.mid == 0) trace_mark(a.trace, 2);
   float inv = 1.f;  // 1 / rms, for the outputs
   if (pro.kind == PrologueKind::kRmsNorm) {
     float ss = 0.f;
 #pragma unroll
-    for (int i = 0; i < kSW; ++i) ss += red[i];
+    for (int i = 0; i < kWgvStageWarps; ++i) ss += red[i];
     inv = rsqrtf(ss / float(a.cols) + pro.eps);
   }
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 11, global_ns());
@@ -449,29 +438,22 @@ __global__ void __launch_bounds__(32 * (5 + kStagers), kMinBlocks)
     wgmma_wait<1>();
     if (dbg) gwait += clock64() - t0;
   };
-  if constexpr (kDepth == 1) {
-    while (issue(P0{})) {  // one slot in flight: issued, awaited, added up
+  issue(P0{});  // every block has a unit (the grid is at most the units)
+  for (;;) {
+    if (!issue(P1{})) {
       wgmma_wait<0>();
       retire(P0{});
+      break;
     }
-  } else {        // two in flight: the next slot issued, then the one before it awaited and added up
-    issue(P0{});  // every block has a unit (the grid is at most the units)
-    for (;;) {
-      if (!issue(P1{})) {
-        wgmma_wait<0>();
-        retire(P0{});
-        break;
-      }
-      wait1();
-      retire(P0{});
-      if (!issue(P0{})) {
-        wgmma_wait<0>();
-        retire(P1{});
-        break;
-      }
-      wait1();
+    wait1();
+    retire(P0{});
+    if (!issue(P0{})) {
+      wgmma_wait<0>();
       retire(P1{});
+      break;
     }
+    wait1();
+    retire(P1{});
   }
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 9, (unsigned long long)gwait);
   if (threadIdx.x == 0) wgv_dbg(a.dbg, 6, (unsigned long long)cwait), wgv_dbg(a.dbg, 8, global_ns());
@@ -569,12 +551,9 @@ inline int matvec_wg_rows(MultiArgs const& a, int sms) {
 
 // out_i = W_i · prologue(x) (+ residual_i) for the matrices of a (FP8-block): cudaErrorInvalidValue when the kernel
 // does not take them (matvec_wg_supported) or a tensor map is refused; the caller then runs launch_matvec_args.
-// lean: 1 the lean form (kWgvLeanStagers, two blocks per SM; cudaErrorInvalidValue where its columns or shared memory
-// do not fit), 2 the same with one slot's wgmmas in flight (session 57), 0 the default form, -1 as LING_WGV_LEAN says
-// (default 0).
 template <class P>
 cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputPrologue const& pro, cudaStream_t stream,
-                                  int rows_per_unit = 0, unsigned long long* dbg = nullptr, int lean = -1) {
+                                  int rows_per_unit = 0, unsigned long long* dbg = nullptr) {
   if (!matvec_wg_supported<P>(a)) return cudaErrorInvalidValue;
   // the prologues it stages itself (wgv_stage_input), from 16-byte aligned vectors
   auto aligned = [](void const* q) { return (reinterpret_cast<std::uintptr_t>(q) & 15) == 0; };
@@ -587,11 +566,8 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   // LING_WGV_MID the trace's midpoint and LING_WGV_XBAR_LATE the release of the rest after the staging (WgvArgs)
   static int const env_r = env_int("LING_WGV_R", 0), env_pre = env_int("LING_WGV_PREFILL", -1),
                    env_stages = env_int("LING_WGV_STAGES", 0), env_mid = env_int("LING_WGV_MID", 0),
-                   env_late = env_int("LING_WGV_XBAR_LATE", 0), env_lean = env_int("LING_WGV_LEAN", 0);
-  static int const optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin),
-                   per_sm_smem = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
-  if (lean < 0) lean = env_lean == 1 || env_lean == 2 ? env_lean : 0;
-  if (lean && a.m[0].cols > kWgvLeanMaxCols) return cudaErrorInvalidValue;
+                   env_late = env_int("LING_WGV_XBAR_LATE", 0);
+  static int const optin = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   if (rows_per_unit == 0) rows_per_unit = env_r;
   int const R = rows_per_unit == 32 || rows_per_unit == 64 ? rows_per_unit : matvec_wg_rows(a, sms);
   int const kbs = kWgvStageBytes / (R * 128);
@@ -600,11 +576,9 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   w.cols = int(a.m[0].cols);
   w.nkb = w.cols / 128;
   int const fixed = wgv_smem(w.cols, 0).total + 1024;  // + the 1024-byte alignment
-  // the lean form: two blocks per SM (each block's shared memory + the 1 KB the SM reserves per block)
-  int const room = lean ? std::min(optin, per_sm_smem / 2 - 1024) : optin;
-  int const fit = std::min(kWgvMaxStages, (room - fixed) / (kWgvStageBytes + 256));  // a slot and its scales' row
+  int const fit = std::min(kWgvMaxStages, (optin - fixed) / kWgvStageBytes);
   if (fit < 2) return cudaErrorInvalidValue;
-  w.stages = env_stages >= 2 && env_stages <= fit ? env_stages : lean ? 2 : fit;
+  w.stages = env_stages >= 2 && env_stages <= fit ? env_stages : fit;
   w.prefill = env_pre >= 0 && env_pre < w.stages ? env_pre : w.stages;
   w.trace = a.trace;
   w.dbg = dbg;
@@ -626,15 +600,10 @@ cudaError_t launch_matvec_wg_args(MultiArgs const& a, float const* x, InputProlo
   }
   std::size_t const smem = std::size_t(wgv_smem(w.cols, w.stages).total) + 1024;
   int const units = w.unit_begin[a.count];
-  int const slots = lean ? 2 * sms : sms;
-  unsigned const blocks = unsigned(units < slots ? units : slots);
-  auto kernel =
-      lean == 2 ? (R == 64 ? matvec_wg_kernel<64, kWgvLeanStagers, 2, 1> : matvec_wg_kernel<32, kWgvLeanStagers, 2, 1>)
-      : lean    ? (R == 64 ? matvec_wg_kernel<64, kWgvLeanStagers, 2> : matvec_wg_kernel<32, kWgvLeanStagers, 2>)
-                : (R == 64 ? matvec_wg_kernel<64> : matvec_wg_kernel<32>);
+  unsigned const blocks = unsigned(units < sms ? units : sms);
+  auto kernel = R == 64 ? matvec_wg_kernel<64> : matvec_wg_kernel<32>;
   if (cudaError_t e = allow_dynamic_smem(kernel, smem); e != cudaSuccess) return e;
-  return launch_ex(kernel, dim3(blocks), dim3(32 * (5 + (lean ? kWgvLeanStagers : kWgvStagers))), smem, stream, w, x,
-                   pro);
+  return launch_ex(kernel, dim3(blocks), dim3(kWgvThreads), smem, stream, w, x, pro);
 }
 
 }  // namespace ling::cuda::kernels
@@ -645,11 +614,11 @@ namespace ling::cuda {
 template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_wg(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                    cudaStream_t stream, InputPrologue const& pro, float const* residual,
-                                   int rows_per_unit, int lean) {
+                                   int rows_per_unit) {
   bool ok = false;
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, residual, ok);
   if (!ok) return cudaErrorInvalidValue;
-  return kernels::launch_matvec_wg_args<P>(a, x, pro, stream, rows_per_unit, nullptr, lean);
+  return kernels::launch_matvec_wg_args<P>(a, x, pro, stream, rows_per_unit);
 }
 
 }  // namespace ling::cuda
