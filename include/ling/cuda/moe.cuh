@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/grid_round.hpp"
@@ -1561,9 +1560,9 @@ __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, i
 // the staged inputs also covered the rows).
 // Sessions 40-41 probed it (LING_MOE_B_DIAG, removed once answered; docs/kernels.md "Launch B's rows by bulk copies"):
 // without its decode it ends 0.6 µs sooner, and its rows come back ~5 µs after its staging, so its loads set its time.
-template <class KS, int kU, bool kFull, int R, bool kOnce>
-__device__ __forceinline__ void moe_down_lane_body(MoeArgs const& a, float const* __restrict__ h, float const* residual,
-                                                   float* out) {
+template <class KS, int kU, bool kFull, int R, bool kOnce = false>
+__global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
+    moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
   using PS = policy_of<KS>;
   extern __shared__ float4 smem_f4[];
   __shared__ DownSlots s_slots;
@@ -1664,20 +1663,6 @@ __device__ __forceinline__ void moe_down_lane_body(MoeArgs const& a, float const
   }
   trace_end(a.trace_b);
 }
-template <class KS, int kU, bool kFull, int R, bool kOnce = false>
-__global__ void __launch_bounds__(lane_max_warps(R) * 32, 1)
-    moe_down_lane_kernel(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
-  moe_down_lane_body<KS, kU, kFull, R, kOnce>(a, h, residual, out);
-}
-// The same at most 64 registers per thread (LING_MOE_B_REGS=64, session 57, a trial; Ling's instance only): 20 warps
-// then take 40 K of the SM's 64 K registers instead of 61 K, so that one block of the next layer's projections (8 warps
-// at 80 registers, 20 K) can become resident beside each of launch B's blocks and request its first rows before its
-// PDL wait, where today it enters only as launch B's block leaves (docs/performance.md, session 57's item 3).
-template <class KS, int kU, bool kFull, int R, bool kOnce = false>
-__global__ void __maxnreg__(64)
-    moe_down_lane_kernel_r64(MoeArgs a, float const* __restrict__ h, float const* residual, float* out) {
-  moe_down_lane_body<KS, kU, kFull, R, kOnce>(a, h, residual, out);
-}
 
 // LING_MOE_DOWN_LANE=0: launch B on the register kernel instead (A/B measurements; LING_MOE_Q8=0 also turns it off,
 // as it turns off every int8 path); read at each launch.
@@ -1692,11 +1677,6 @@ inline int moe_lane_rows() {
 // moe_down_lane_kernel's kOnce at Ling's shape (one row per warp, 192 chunks): on by default; LING_MOE_B_STAGE1=0 for
 // the three staging calls (A/B measurements).
 inline bool moe_down_stage_once() { return !env_off("LING_MOE_B_STAGE1"); }
-// LING_MOE_B_REGS=64: Ling's instance of launch B at most 64 registers (moe_down_lane_kernel_r64; A/B measurements).
-inline bool moe_down_regs64() {
-  char const* e = std::getenv("LING_MOE_B_REGS");
-  return e && std::strcmp(e, "64") == 0;
-}
 // Launch B on moe_down_lane_kernel when it applies (MXFP4 experts in whole 32-column blocks with 16-byte aligned rows,
 // top_k × cols / 32 ≤ 256 chunks, 16-byte aligned h); false: not launched.
 template <class PE, class KS>
@@ -1715,11 +1695,8 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
         a.down.count * a.down.scale_stride >= (std::int64_t(1) << 32))
       return false;
     std::int64_t const n_sh = a.has_shared ? round32(staged_elems<PS>(a.sdown)) : 0;
-    std::size_t smem = lane_smem_bytes(n_sh, nq);
+    std::size_t const smem = lane_smem_bytes(n_sh, nq);
     if (smem > std::size_t(smem_optin_bytes())) return false;
-    // LING_MOE_B_PAD=n (session 57, a measurement): n KB more shared memory, so that nothing enters beside the block
-    if (char const* e = std::getenv("LING_MOE_B_PAD"); e && std::atoi(e) > 0)
-      smem = std::min(std::size_t(smem_optin_bytes()), smem + std::size_t(std::atoi(e)) * 1024);
     // one block per SM, warps enough for one pass over the rows (R each), 4 to lane_max_warps(R)
     int const R = moe_lane_rows();
     std::int64_t const tasks = (a.down.rows + R - 1) / R;
@@ -1735,9 +1712,7 @@ bool launch_moe_down_lane(KS, MoeArgs const& a, float const* h, float const* res
       err = launch_ex(kernel, dim3(unsigned(blocks)), dim3(unsigned(warps * 32)), smem, stream, a, h, residual, out);
       return true;
     };
-    if (R == 1 && nq == 32 * 6 && moe_down_stage_once())
-      return moe_down_regs64() ? go(moe_down_lane_kernel_r64<KS, 6, true, 1, true>)
-                               : go(moe_down_lane_kernel<KS, 6, true, 1, true>);
+    if (R == 1 && nq == 32 * 6 && moe_down_stage_once()) return go(moe_down_lane_kernel<KS, 6, true, 1, true>);
     if (R == 2) return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 2>) : go(moe_down_lane_kernel<KS, 8, false, 2>);
     return nq == 32 * 6 ? go(moe_down_lane_kernel<KS, 6, true, 1>) : go(moe_down_lane_kernel<KS, 8, false, 1>);
   }
