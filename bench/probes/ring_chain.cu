@@ -516,8 +516,9 @@ __global__ void __launch_bounds__(32 * 5, 2)
       retire(P0{}, x);
     }
   } else {
-    if (c <
-        pt.end) {  // matvec_wg's order: the first slot issued, then per slot the next issued, the one before retired
+    // matvec_wg's order: the first slot issued, then per slot the next issued and the one before it retired (the two
+    // halves mirror each other, as matvec_wg's do: each names its accumulator set by a constant)
+    if (c < pt.end) {
       Slot sa = make(c), sb{};
       issue(P0{}, sa);
       c += pt.step, ++q;
