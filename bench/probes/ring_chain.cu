@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
 //     which only changes the block's footprint (the wgmmas read its first 5 KB).
 // Unlike region_wg, a region's ragged chunk is multiplied too (stale bytes past its end; only the time counts): the
 // wgmmas under no branch, which ptxas otherwise serializes (C7518).
-constexpr int kWgxOut = 16384;  // the unit rows' stores land in sink[16 .. 16 + kWgxOut) (the probe's sink is 64 KB)
+constexpr int kWgxOut = 8192;  // the unit rows' stores land in sink[16 .. 16 + kWgxOut) words (the sink is 64 KB)
 template <int kTiles, bool kDepth2, bool kUnit, int kMode = 1, int kB = kWgBBytes>
 __global__ void __launch_bounds__(32 * 5, 2)
     region_wgx(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
