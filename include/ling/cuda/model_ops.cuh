@@ -470,7 +470,6 @@ inline void moe(cudaStream_t st, float const* x, PrologueArgs const& pa, MoeArgs
   }
   k.shared_limit = a.shared_limit;
   k.pace = kernels::moe_pace_a();
-  k.bar_seen = kernels::moe_bar_seen();
   auto run = [&](auto pe, auto ps) {
     auto const ke = kernels::make_key<decltype(pe)>();
     auto const ks = kernels::make_key<decltype(ps)>();

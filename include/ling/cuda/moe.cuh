@@ -78,10 +78,6 @@ struct MoeArgs {
   // launcher sets the device's pace for the routed tile's bytes (moe_pace_device); LING_MOE_PACE (moe_pace_a) sets it
   // for the model; 0 issues them all at once.
   int pace = -1;
-  // 1: the grid barrier's round read from the counter right after the PDL wait and the arrival a RED
-  // (grid_barrier_seen), so that no block waits for its atomic's answer at the barrier; 0: the atomic's answer names
-  // the round (grid_barrier). LING_MOE_BAR_SEEN=1 (moe_bar_seen; session 57, A/B measurements).
-  int bar_seen = 0;
 };
 
 // Stages idx into shared memory; an id out of range becomes -1 (its outputs turn NaN, never a wild read).
@@ -141,34 +137,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* bar) {
   if (threadIdx.x == 0) {
     __threadfence();
     std::uint64_t const target = grid_round::target(atomicAdd(bar, grid_round::increment(blockIdx.x, gridDim.x)));
-    for (unsigned n = 0;; ++n) {
-      unsigned long long v;
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
-      if (grid_round::reached(v, target)) break;
-      if (n > (1u << 24)) __trap();  // seconds: never in a correct launch
-    }
-  }
-  __syncthreads();
-}
-
-// The same barrier with the round's end known before the arrival (MoeArgs::bar_seen): `seen` is the counter as thread
-// 0 read it after the launch's PDL wait. Every launch before this one has completed by then (each waits for the one
-// before it), so the previous round is complete, and this block has not arrived, so this round is not: `seen` lies in
-// the round, and target(seen) is its end, as target(old) is for the atomic's answer. The arrival is then a RED (no
-// answer awaited) and the polls start at once: one L2 round trip fewer on the last arriving block's path.
-__device__ __forceinline__ std::uint64_t grid_round_seen(unsigned long long const* bar) {
-  unsigned long long v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
-  return v;
-}
-__device__ __forceinline__ void grid_barrier_seen(unsigned long long* bar, std::uint64_t seen) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    std::uint64_t const target = grid_round::target(seen);
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(bar),
-                 "l"(grid_round::increment(blockIdx.x, gridDim.x))
-                 : "memory");
     for (unsigned n = 0;; ++n) {
       unsigned long long v;
       asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(bar) : "memory");
@@ -1111,7 +1079,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   if (ahead) route_ahead_bias(a.route, ra);
   pdl_wait();
   trace_mark(a.trace_a, 1);
-  std::uint64_t const seen = rin && a.bar_seen && threadIdx.x == 0 ? grid_round_seen(a.grid_bar) : 0;
   if (ahead && !rin) route_ahead_logits(a.route, ra);  // in flight while the input is staged
   stage_input<false>(xs, u, a.has_shared ? a.sgate.cols : cols, n_stage, pro);
   if (a.trace_mid == 1) trace_mark(a.trace_a, 2);  // thread 0's staging done (a measurement point, LING_TRACE_MOEA)
@@ -1129,10 +1096,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
       __syncthreads();
       trace_mark(a.trace_a, 2);
     }
-    if (a.bar_seen)
-      grid_barrier_seen(a.grid_bar, seen);
-    else
-      grid_barrier(a.grid_bar);
+    grid_barrier(a.grid_bar);
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
   }
@@ -1347,14 +1311,6 @@ inline int moe_pace_a() {
   static int const v = [] {
     char const* e = std::getenv("LING_MOE_PACE");
     return e && *e ? std::max(0, std::min(std::atoi(e), moe_pace::kMaxCycles)) : -1;
-  }();
-  return v;
-}
-// MoeArgs::bar_seen for the model: LING_MOE_BAR_SEEN=1 (A/B measurements; default 0)
-inline int moe_bar_seen() {
-  static int const v = [] {
-    char const* e = std::getenv("LING_MOE_BAR_SEEN");
-    return e && *e == '1' ? 1 : 0;
   }();
   return v;
 }
