@@ -336,6 +336,16 @@ __global__ void __launch_bounds__(32 * (kConsumers + 1), kAll ? (kConsumers == 8
 constexpr int kWgTile = 8192, kWgKSteps = 20, kWgBBytes = kWgKSteps * 8 * 32;
 // kStageAfter false: B is written before the PDL wait from constants, as region_tma's and region_regs' xs (the
 // reference rows stage no input after their wait), and the input is one L2 load after it, as theirs.
+// B's stores (region_wg, region_wgx): the consumer warpgroup writes the 20 KB of limbs that 2560 inputs at N = 8 would
+// take, as E4M3 bytes near 1.0 (0x38) with the input's low bits folded in, into the kB bytes of bsm (each byte at most
+// once when kB is 20 KB), then fences them to the async proxy and meets at named barrier 1.
+template <int kB>
+__device__ __forceinline__ void stage_b_limbs(unsigned char* bsm, std::uint32_t in) {
+  uint4 const v = make_uint4(0x38383838u ^ (in & 0x01010101u), 0x38383838u, 0x38383838u, 0x38383838u);
+  for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16) *reinterpret_cast<uint4*>(bsm + (o % kB)) = v;
+  k::fence_proxy_async_smem();
+  k::named_sync(1, 128);
+}
 template <bool kScale = true, bool kStageAfter = true>
 __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned stage, int fold, std::uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -348,17 +358,10 @@ __global__ void __launch_bounds__(32 * 5, 2) region_wg(Region g, int S, unsigned
   ring_init(full, empty, S, 4);
   Part const pt = part_of(g, 1, stage);
   if (ring_produce(g, pt, smem, S, stage, full, empty, 4, sink)) return;
-  auto stage_b = [&](std::uint32_t in) {  // E4M3 bytes near 1.0 (0x38), the input's low bits folded in
-    uint4 const v = make_uint4(0x38383838u ^ (in & 0x01010101u), 0x38383838u, 0x38383838u, 0x38383838u);
-    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16)  // the stores of 20 KB of limbs, as 2560
-      *reinterpret_cast<uint4*>(bsm + (o % kWgBBytes)) = v;                // inputs at N = 8 would take
-    k::fence_proxy_async_smem();
-    k::named_sync(1, 128);
-  };
-  if (!kStageAfter) stage_b(0u);
+  if (!kStageAfter) stage_b_limbs<kWgBBytes>(bsm, 0u);
   ling::cuda::kernels::pdl_wait();
   std::uint32_t const in = __ldcg(sink + 1);  // the region's input
-  if (kStageAfter) stage_b(in);
+  if (kStageAfter) stage_b_limbs<kWgBBytes>(bsm, in);
   int const zero = fold == 99 ? 1 : 0, one = 1 - zero;  // run-time values (wgmma.cuh: a constant 0 serializes)
   float accf = 0.f;
   unsigned q = 0;
@@ -434,12 +437,7 @@ __global__ void __launch_bounds__(32 * 5, 2)
   }
   if (threadIdx.x < 8)
     ulog[threadIdx.x] = int(blockIdx.x) + int(threadIdx.x), ubegin[threadIdx.x] = 40 * int(threadIdx.x);
-  {  // B before the wait (region_wg<true, false>'s stores), then the consumers' barrier
-    uint4 const v = make_uint4(0x38383838u, 0x38383838u, 0x38383838u, 0x38383838u);
-    for (int o = int(threadIdx.x) * 16; o < 4 * kWgBBytes; o += 128 * 16) *reinterpret_cast<uint4*>(bsm + (o % kB)) = v;
-    k::fence_proxy_async_smem();
-    k::named_sync(1, 128);
-  }
+  stage_b_limbs<kB>(bsm, 0u);  // B before the wait (region_wg<true, false>'s stores)
   ling::cuda::kernels::pdl_wait();
   std::uint32_t const in = __ldcg(sink + 1);  // the region's input
   int const zero = fold == 99 ? 1 : 0, one = 1 - zero;
@@ -516,33 +514,27 @@ __global__ void __launch_bounds__(32 * 5, 2)
       retire(P0{}, x);
     }
   } else {
-    // matvec_wg's order: the first slot issued, then per slot the next issued and the one before it retired (the two
-    // halves mirror each other, as matvec_wg's do: each names its accumulator set by a constant)
+    // matvec_wg's order: the first slot issued, then per slot the next issued and the one before it retired. turn(p):
+    // slot sl[p] in flight; the next chunk issued into sl[1 - p] (the other accumulator set), then sl[p] added up; false
+    // once sl[p] was the last.
     if (c < pt.end) {
-      Slot sa = make(c), sb{};
-      issue(P0{}, sa);
+      Slot sl[2] = {make(c), {}};
+      issue(P0{}, sl[0]);
       c += pt.step, ++q;
-      for (;;) {
+      auto turn = [&]<int p>(std::integral_constant<int, p> cur) {
         if (c >= pt.end) {
           k::wgmma_wait<0>();
-          retire(P0{}, sa);
-          break;
+          retire(cur, sl[p]);
+          return false;
         }
-        sb = make(c);
-        issue(P1{}, sb);
+        sl[1 - p] = make(c);
+        issue(std::integral_constant<int, 1 - p>{}, sl[1 - p]);
         c += pt.step, ++q;
         k::wgmma_wait<1>();
-        retire(P0{}, sa);
-        if (c >= pt.end) {
-          k::wgmma_wait<0>();
-          retire(P1{}, sb);
-          break;
-        }
-        sa = make(c);
-        issue(P0{}, sa);
-        c += pt.step, ++q;
-        k::wgmma_wait<1>();
-        retire(P1{}, sb);
+        retire(cur, sl[p]);
+        return true;
+      };
+      while (turn(P0{}) && turn(P1{})) {
       }
     }
   }
