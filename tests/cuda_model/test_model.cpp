@@ -395,17 +395,6 @@ TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static ord
   check_flash_env_variant(base, "LING_MATVEC_TAIL", "90", 4249, 3004, 0.0);
 }
 
-// Launch A's shared-expert tiles issued after its PDL wait (LING_MOE_DIAG_A=14: after the grid barrier's logits loads;
-// =15: after the staging; trials, session 58) change no value: at Ling-3.0-flash's widths the default's bits, graph =
-// eager, over several steps.
-TEST_CASE("launch A's shared tiles after its wait (LING_MOE_DIAG_A=14|15) give the default's bits") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_MOE_DIAG_A");
-  auto const base = flash_base(4251, 3006);
-  check_flash_env_variant(base, "LING_MOE_DIAG_A", "14", 4251, 3006, 0.0);
-  check_flash_env_variant(base, "LING_MOE_DIAG_A", "15", 4251, 3006, 0.0);
-}
-
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
 // weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
 // after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)

@@ -982,9 +982,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   std::int64_t const n_stage = a.has_shared && a.sgate.ld > cols ? a.sgate.ld : cols;  // staged floats (FP8: ld)
   int2* const q = reinterpret_cast<int2*>(xs + xs_floats(n_stage));  // also the selection's scratch before stage_q8
   constexpr bool kWg = kDiag == 9;  // the routed decode on wgmma (a trial; routed_decode_wgmma)
-  // trials (session 58): the shared expert's leading tiles issued after the PDL wait, into the same buffers, once the
-  // block's latency-critical L2 reads are out: after the grid barrier's logits loads (14) or after the staging (15)
-  constexpr bool kSharedMid = kDiag == 14 || kDiag == 15, kSharedAfterStage = kDiag == 15;
   int const q_slots = kWg ? stream_q_slots_wg(nblk, a.route) : stream_q_slots(nblk, a.route);
   float* const sx = reinterpret_cast<float*>(q + q_slots);
   int const warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
@@ -1075,8 +1072,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
   unsigned char* const rsm = ring + std::size_t(pre) * std::size_t(sp.stage_bytes);
   if (rmine) router_row_copy(a.router, rrow, rsm);
   if (rin) cp_async_commit();
-  if constexpr (!kSharedMid)
-    for (int m = 0; m < pre; ++m) issue(m);
+  for (int m = 0; m < pre; ++m) issue(m);
   prologue_prefetch(pro, a.has_shared ? a.sgate.cols : cols);
   bool const ahead = a.route.logits && a.route_ahead;
   RouteAhead ra{};
@@ -1092,8 +1088,6 @@ __global__ void __launch_bounds__(kW * 32, 1)
   } else if (rin) {
     cp_async_wait(0);  // the router row
     __syncthreads();   // the staged input is complete
-    if constexpr (kSharedAfterStage)
-      for (int m = 0; m < pre; ++m) issue(m);
     if (rmine) {
       float const v = router_row_dot(a.router, rsm, xs);
       if (lane == 0) a.router_out[rrow] = v;
@@ -1105,14 +1099,7 @@ __global__ void __launch_bounds__(kW * 32, 1)
     grid_barrier(a.grid_bar);
     if (a.trace_mid == 3) trace_mark(a.trace_a, 2);
     if (ahead) route_ahead_logits(a.route, ra);
-    if constexpr (kSharedMid && !kSharedAfterStage) {
-      __syncthreads();  // every warp's logits loads are out before the copies queue behind them
-      for (int m = 0; m < pre; ++m) issue(m);
-    }
   }
-  if constexpr (kSharedMid)
-    if (!rin)  // no router rows here: after the staging
-      for (int m = 0; m < pre; ++m) issue(m);
   if constexpr (kDiag == 3 || kDiag == 4) {  // measurements only: fixed picks, evenly spaced experts, equal weights
     int const t = int(threadIdx.x);
     if (t < a.top_k) {
@@ -1317,12 +1304,7 @@ inline int moe_stream_stage_cap() {
 // A/B against the paced issue.
 // =9: the routed decode on FP8 wgmma (a trial, session 30: routed_decode_wgmma; moe_wg_a_fits says where it applies,
 // elsewhere the default runs): outputs within the FP8 tensor core's accumulation of the default's.
-// =14 / =15: the shared expert's leading tiles issued after the grid barrier's logits loads / after the staging,
-// instead of before the PDL wait (trials, session 58; outputs correct).
-inline int moe_diag_a() {
-  int const v = env_int("LING_MOE_DIAG_A", 0);
-  return (v >= 1 && v <= 9) || v == 14 || v == 15 ? v : 0;
-}
+inline int moe_diag_a() { return env_level("LING_MOE_DIAG_A", 9); }
 // MoeArgs::pace for the model: LING_MOE_PACE=n SM cycles between a block's routed warps; unset, -1 (the launcher takes
 // the device's, moe_pace_device)
 inline int moe_pace_a() {
@@ -1496,8 +1478,6 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
       }
       if (biased && diag == 7) return go(moe_gate_up_stream_kernel<16, true, 7>, 16);
       if (biased && diag == 8) return go(moe_gate_up_stream_kernel<16, true, 8>, 16);
-      if (biased && diag == 14) return go(moe_gate_up_stream_kernel<16, true, 14>, 16);
-      if (biased && diag == 15) return go(moe_gate_up_stream_kernel<16, true, 15>, 16);
       if (biased && diag == 9 && moe_wg_a_fits(a, sp, sp.tiles < sm_count() ? sp.tiles : sm_count())) {
         std::int64_t const pro9 =
             std::int64_t(xs_floats(n_stage)) * 4 + std::int64_t(stream_q_slots_wg(int(nblk), a.route)) * 8 + nblk * 4;
@@ -1508,7 +1488,7 @@ bool launch_moe_gate_up_stream(MoeArgs const& a, float const* u, InputPrologue c
         }
       }
       // 3 and 4: fused routing only (launch B reads the fixed picks from sel_idx); elsewhere the default instance runs
-      if (biased && (diag == 3 || diag == 4) && a.route.logits && a.route.experts >= a.top_k)
+      if (biased && a.route.logits && a.route.experts >= a.top_k)
         return diag == 3 ? go(moe_gate_up_stream_kernel<16, true, 3>, 16) : go(moe_gate_up_stream_kernel<16, true, 4>, 16);
     }
     // 20 warps: q8_chunk only (with the biased lookup it measured 2.577 against 2.306 ms/token for 16 warps, H200,
