@@ -395,16 +395,6 @@ TEST_CASE("the projections' dynamic tail (LING_MATVEC_TAIL) gives the static ord
   check_flash_env_variant(base, "LING_MATVEC_TAIL", "90", 4249, 3004, 0.0);
 }
 
-// o_proj and the MLA dense with their rows requested after their PDL wait (LING_LATE_OPROJ=1|2|3, a trial, session
-// 58) change no value: at Ling-3.0-flash's widths the default's bits, graph = eager, over several steps.
-TEST_CASE("o_proj and the MLA dense with their rows after the wait (LING_LATE_OPROJ) give the default's bits") {
-  if (!ling::cuda::device_available()) return;
-  unsetenv("LING_LATE_OPROJ");
-  auto const base = flash_base(4252, 3007);
-  check_flash_env_variant(base, "LING_LATE_OPROJ", "1", 4252, 3007, 0.0);
-  check_flash_env_variant(base, "LING_LATE_OPROJ", "3", 4252, 3007, 0.0);
-}
-
 // The L2 look-ahead probe (CudaModel's LING_AHEAD: the KDA step's extra column of blocks requests the layer's MoE
 // weights into L2) changes no value: at Ling-3.0-flash's widths the default's bits, graph = eager, with the requests
 // after the step's wait and before it. With the routing forced (LING_FORCE_EXPERTS=1, a bias of +1000 on fixed experts)

@@ -18,7 +18,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <type_traits>
-#include <utility>
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/linear.hpp"
@@ -1042,9 +1041,7 @@ __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& 
 
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-// kLate (a trial, session 58; matvec_late_next): the first row is requested after the PDL wait and the staging, not
-// before the wait.
-template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps, bool kLate = false>
+template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
@@ -1065,15 +1062,13 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
   int ci = 0;  // matrix of task t; tasks only grow, so it only moves forward
   if (t < total) {
     while (t >= a.task_begin[ci + 1]) ++ci;
-    if constexpr (!kLate) lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
+    lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
   // the dynamic tail's slots, after the staged input (zeroed before pipe_prologue's block barrier)
   int* const slots = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
   if (a.tail)
     for (int i = int(threadIdx.x); i <= a.tail_groups; i += kBW * 32) slots[i] = 0;
   pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
-  if constexpr (kLate)
-    if (t < total) lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
   unsigned long long best = 0;           // argmax (am.key): this warp's largest key
@@ -1315,13 +1310,6 @@ inline int matvec_lane_one_warps(std::int64_t total) {
   if (total <= two * kWarps) return 0;
   return total <= two * 10 ? 10 : total <= two * 12 ? 12 : 0;
 }
-// A trial (session 58, LING_LATE_OPROJ in the model): the next launch of matvec_lane_kernel's 10-warp one-row instance
-// (o_proj and the MLA dense at Ling's shape) requests its rows after its PDL wait and the staging instead of before the
-// wait, so that the launch before it runs its chain without them queued ahead of its reads. Consumed by that launch.
-inline bool& matvec_late_next() {
-  static thread_local bool v = false;
-  return v;
-}
 // The dynamic tail of matvec_lane_kernel (MultiArgs::tail): at most this many groups of kWarps tasks.
 inline constexpr int kMaxTailGroups = 1024;
 // Groups of the dynamic tail for `total` tasks on `blocks` blocks of kWarps warps, `want` asked for: at most
@@ -1371,12 +1359,9 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
         return launch_ex(kernel, dim3(unsigned((total + bw - 1) / bw)), dim3(unsigned(bw * 32)), smem, stream, b, x,
                          pro, am);
       };
-      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full) {
-        if (std::exchange(matvec_late_next(), false) && bw == 10)
-          return one(matvec_lane_kernel<K, 8, 2, true, 10, true>, 10);
+      if (int const bw = matvec_lane_one_warps(total); bw > 0 && ku == 8 && full)
         return bw == 10 ? one(matvec_lane_kernel<K, 8, 2, true, 10>, 10)
                         : one(matvec_lane_kernel<K, 8, 2, true, 12>, 12);
-      }
       if (ku == 2)
         return full ? go(matvec_lane_kernel<K, 2, 3, true>, smem, am)
                     : go(matvec_lane_kernel<K, 2, 3, false>, smem, am);

@@ -834,9 +834,7 @@ class CudaModel {
                                      : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
         po.flags = prologue_flags();
         if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
-        kernels::matvec_late_next() = (late_oproj() & 2) != 0;
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
-        kernels::matvec_late_next() = false;
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
           ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_);
@@ -861,9 +859,7 @@ class CudaModel {
         ops::trace_next() = nullptr;
         mla_decode(ma, mgate_, gate_mode, mo_, st);
         trace_at(i, 2);
-        kernels::matvec_late_next() = (late_oproj() & 1) != 0;
         ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
-        kernels::matvec_late_next() = false;
       }
       FfnL& f = l.f;
       ops::MoeArgs a;
@@ -922,10 +918,6 @@ class CudaModel {
   //  only); LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the
   //  partial outputs in one round trip (A/B measurements); LING_TRACE_MLA_MID=0..3: with LING_TRACE, where the
   //  one-launch chain's midpoint mark is taken (MlaDecodeArgs::trace_mid);
-  // LING_LATE_OPROJ (a trial, session 58; read at each step's enqueue): bit 1, the MLA dense after the attention
-  // requests its rows after its PDL wait and staging instead of before the wait (kernels::matvec_late_next); bit 2,
-  // the KDA layers' o_proj the same.
-  static int late_oproj() { return env_int("LING_LATE_OPROJ", 0); }
   struct MlaEnv {
     int kernel = 0, min_chunk = 0, diag = 0, combine = 0, trace_mid = 0;
   };
