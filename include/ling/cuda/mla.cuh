@@ -1001,22 +1001,33 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     suk[i] = n < d.nope ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, c * cpb + q) : 0.f;
     suv[i] = n < d.v ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + d.nope + n, c * cpb + q) : 0.f;
   }
+  // latent column of the block's chunk l: its rank columns, then (block 0) the rope part
+  auto const lcol = [&](int l) { return l < wn / 8 ? col0 + 8 * l : r + 8 * (l - wn / 8); };
+  // the position and the cached rows (before the wait where the caller allows it: MlaDecodeArgs::early)
+  std::int64_t t = 0, len = 1;
+  uint4 cr[TW];
+  auto const load_cache = [&] {
+    t = *a.position, len = t + 1;
+#pragma unroll
+    for (int k = 0; k < TW; ++k) {
+      std::int64_t const j = warp + NW * k;
+      cr[k] = j < len && j != t && lane < nlc ? *reinterpret_cast<uint4 const*>(a.cache + j * L + lcol(lane))
+                                              : make_uint4(0u, 0u, 0u, 0u);
+    }
+  };
+  if (a.early) load_cache();
   ops::pdl_wait();
   kernels::trace_mark(a.trace, 1);
-  std::int64_t const t = *a.position, len = t + 1;
+  if (!a.early) load_cache();
   float const* qv = a.q + std::int64_t(h) * d.qk();
   float qn[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) qn[i] = rg + G * i < d.nope ? qv[rg + G * i] : 0.f;
-  // latent column of the block's chunk l: its rank columns, then (block 0) the rope part
-  auto const lcol = [&](int l) { return l < wn / 8 ? col0 + 8 * l : r + 8 * (l - wn / 8); };
-  uint4 cr[TW];
-#pragma unroll
-  for (int k = 0; k < TW; ++k) {
-    std::int64_t const j = warp + NW * k;
-    cr[k] = j < len && j != t && lane < nlc ? *reinterpret_cast<uint4 const*>(a.cache + j * L + lcol(lane))
-                                            : make_uint4(0u, 0u, 0u, 0u);
-  }
+  // the gate of this thread's first output row (block c: rows [c·vb, (c + 1)·vb)), with the first loads
+  int const vb = (d.v + C - 1) / C, n0 = c * vb + tid;
+  float const g0 = gate_mode == 1 ? gate[h]
+                   : gate_mode == 2 && n0 < min(d.v, (c + 1) * vb) ? gate[std::int64_t(h) * d.v + n0]
+                                                                    : 0.f;
   // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
   float const inv = mla_row_inv_rms(d, a.kv_a, tid, NT, scratch);
   for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
@@ -1058,7 +1069,6 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   if (c == 0)
     for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
   if (len > kMlaShortMaxLen) {  // the caller's contract broken (uniform over the cluster): NaN outputs
-    int const vb = (d.v + C - 1) / C;
     for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT)
       out[std::int64_t(h) * d.v + n] = __uint_as_float(0x7FC00000u);
     return;
@@ -1132,12 +1142,11 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   }
   cluster.sync();  // every block's partial outputs
   {                // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
-    int const vb = (d.v + C - 1) / C;
-    for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT) {
+    for (int n = n0; n < min(d.v, (c + 1) * vb); n += NT) {
       float v = 0.f;
       for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
       std::int64_t const idx = std::int64_t(h) * d.v + n;
-      float const g = gate_mode == 1 ? gate[h] : gate_mode == 2 ? gate[idx] : 0.f;
+      float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[idx] : 0.f;
       out[idx] = v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
     }
   }

@@ -54,6 +54,10 @@ struct MlaDecodeArgs {
   // 2 scores, 3 o_lat (LING_TRACE_MLA_MID).
   unsigned long long* trace = nullptr;
   int trace_mid = 0;
+  // The cluster chain (kMlaShortClusterKernel) reads the position and the cached rows before its PDL wait: set by the
+  // model for the replayed graph only, where no launch this one may overlap writes them (the previous step's, which
+  // wrote them, is complete before the graph starts; an eager step's launches may overlap the previous step's).
+  bool early = false;
 };
 
 // MlaDecodeArgs::kernel for the whole chain in one launch at short contexts (mla.cuh mla_short_kernel), which takes

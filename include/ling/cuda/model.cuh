@@ -738,6 +738,10 @@ class CudaModel {
     return on;
   }
 
+  // LING_MLA_EARLY=0: the MLA cluster chain reads the position and the cached rows after its PDL wait even in the
+  // replayed graph (A/B; MlaDecodeArgs::early).
+  static bool mla_early_env() { return !env_off("LING_MLA_EARLY"); }
+
   // LING_KDA_EARLY=0: the KDA step loads its state after its PDL wait even in the replayed graph (A/B).
   static bool kda_state_early_env() {
     static bool const on = !env_off("LING_KDA_EARLY");
@@ -854,6 +858,7 @@ class CudaModel {
           ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
           ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
           ma.trace_mid = mla_env().trace_mid;
+          ma.early = opt_.use_graph && !recording_ && mla_early_env();
         }
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
