@@ -993,6 +993,16 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     for (int i = tid; i < rows * cpb; i += NT)
       kernels::cp_async16(W + std::int64_t(i) * 16, src + std::int64_t(i / cpb) * rb + (i % cpb) * 16);
     kernels::cp_async_commit();
+    // MlaDecodeArgs::partner: the slice of the block half a grid away into L2, one line per 128 bytes of its rows, so
+    // that a cluster that enters late (after the projections' last blocks leave) finds its slice there
+    if (a.partner) {
+      int const pb = (int(blockIdx.x) + int(gridDim.x) / 2) % int(gridDim.x);
+      char const* psrc =
+          static_cast<char const*>(a.kv_b.data) + std::int64_t(pb / C) * rows * rb + std::int64_t(pb % C) * cpb * 16;
+      int const lines = (cpb * 16 + 127) / 128;
+      for (int i = tid; i < rows * lines; i += NT)
+        kernels::prefetch_l2(psrc + std::int64_t(i / lines) * rb + (i % lines) * 128);
+    }
   }
   float suk[R], suv[R];
 #pragma unroll
