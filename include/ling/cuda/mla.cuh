@@ -1150,8 +1150,10 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
       if (q == 0 && n < d.v) po[n] = dot;
     }
   }
+  if (a.trace_mid == 4) kernels::trace_mark(a.trace, 2);
   cluster.sync();  // every block's partial outputs
-  {                // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
+  if (a.trace_mid == 5) kernels::trace_mark(a.trace, 2);
+  {  // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
     for (int n = n0; n < min(d.v, (c + 1) * vb); n += NT) {
       float v = 0.f;
       for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];

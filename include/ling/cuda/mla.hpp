@@ -51,7 +51,8 @@ struct MlaDecodeArgs {
                               // thread per column (mla_combine_kernel)
   // Measurements only (CudaModel's LING_TRACE): the one-launch kernels' per-block timeline (entry, wait exit,
   // midpoint, end; the other kernels ignore it), and where that midpoint is taken: 0 kv_b landed, 1 q̂ complete,
-  // 2 scores, 3 o_lat (LING_TRACE_MLA_MID).
+  // 2 scores, 3 o_lat (LING_TRACE_MLA_MID); the cluster chain also 4, its partial outputs, and 5, their cluster
+  // barrier passed.
   unsigned long long* trace = nullptr;
   int trace_mid = 0;
   // The cluster chain (kMlaShortClusterKernel) reads the position and the cached rows before its PDL wait: set by the
