@@ -961,12 +961,14 @@ inline bool mla_short_cluster_fits(MlaDecodeArgs const& a) {
              std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
-template <MatFormat F>
+// kR: rows of W_UK and of W_UV per thread at most (the launcher takes 4 where the shape allows: half the unrolled code
+// of kMlaClusterMaxRows).
+template <MatFormat F, int kR = kMlaClusterMaxRows>
 __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     mla_short_cluster_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
   namespace cg = cooperative_groups;
   using D = MlaChunk<F>;
-  constexpr int E = D::kElems, C = kMlaCluster, NT = kMlaClusterThreads, NW = NT / 32, R = kMlaClusterMaxRows,
+  constexpr int E = D::kElems, C = kMlaCluster, NT = kMlaClusterThreads, NW = NT / 32, R = kR,
                 TW = kMlaShortMaxLen / NW;
   static_assert(kMlaShortMaxLen % NW == 0, "mla_short_cluster_kernel: each warp holds kMlaShortMaxLen / warps rows");
   extern __shared__ __align__(16) unsigned char smraw[];
@@ -1045,8 +1047,15 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
-  if (h == 0)
-    for (int i = tid; i < nlc * 8; i += NT) a.cache[t * L + lcol(i / 8) + i % 8] = crow[i];
+  // The launch's global stores that nothing in it reads again (the new cache row, q̂) go out last: a cluster barrier
+  // (cluster.sync) compiles to MEMBAR.ALL.GPU before its arrive, which waits for the thread's stores in flight.
+  auto const late_stores = [&] {
+    if (h == 0)
+      for (int i = tid; i < nlc * 8; i += NT) a.cache[t * L + lcol(i / 8) + i % 8] = crow[i];
+    for (int i = tid; i < wn; i += NT) a.q_hat[std::int64_t(h) * L + col0 + i] = qh[i];
+    if (c == 0)
+      for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
+  };
   {  // q̂'s slice = W_UKᵀ q_nope over the block's columns: the thread's rows, then the warp's row groups (shuffles)
     float acc[E];
 #pragma unroll
@@ -1074,13 +1083,12 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     float v = 0.f;
     for (int w = 0; w < NW; ++w) v += red[w * wn + i];
     qh[i] = v;
-    a.q_hat[std::int64_t(h) * L + col0 + i] = v;
   }
-  if (c == 0)
-    for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
   if (len > kMlaShortMaxLen) {  // the caller's contract broken (uniform over the cluster): NaN outputs
+    __syncthreads();            // q̂'s slice complete (late_stores reads it)
     for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT)
       out[std::int64_t(h) * d.v + n] = __uint_as_float(0x7FC00000u);
+    late_stores();
     return;
   }
   __syncthreads();  // q̂'s slice complete; red free again
@@ -1153,16 +1161,20 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   if (a.trace_mid == 4) kernels::trace_mark(a.trace, 2);
   cluster.sync();  // every block's partial outputs
   if (a.trace_mid == 5) kernels::trace_mark(a.trace, 2);
-  {  // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
-    for (int n = n0; n < min(d.v, (c + 1) * vb); n += NT) {
-      float v = 0.f;
-      for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
-      std::int64_t const idx = std::int64_t(h) * d.v + n;
-      float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[idx] : 0.f;
-      out[idx] = v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
-    }
-  }
+  // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate. The thread's first row is
+  // stored after the last cluster barrier (no store in flight at its MEMBAR), any further ones (vb > NT) before it.
+  int const nend = min(d.v, (c + 1) * vb);
+  auto const row_out = [&](int n) {
+    float v = 0.f;
+    for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
+    float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[std::int64_t(h) * d.v + n] : 0.f;
+    return v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
+  };
+  float const v0 = n0 < nend ? row_out(n0) : 0.f;
+  for (int n = n0 + NT; n < nend; n += NT) out[std::int64_t(h) * d.v + n] = row_out(n);
   cluster.sync();  // no block leaves while another still reads its shared memory
+  if (n0 < nend) out[std::int64_t(h) * d.v + n0] = v0;
+  late_stores();
   kernels::trace_end(a.trace);
 }
 
@@ -1173,12 +1185,19 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
   if (a.kernel == kMlaShortClusterKernel && mla_short_cluster_fits(a)) {
     ops::dispatch_format(a.kv_b.format, [&](auto f) {
       constexpr MatFormat F = decltype(f)::value;
-      auto const kern = mla_short_cluster_kernel<F>;
       std::size_t const smem = mla_short_cluster_smem(a.d, MlaChunk<F>::kElems);
-      ops::allow_smem(kern, smem);
-      check(kernels::launch_cluster_ex(kern, dim3(unsigned(a.d.heads * kMlaCluster)), dim3(kMlaClusterThreads), smem,
-                                       st, unsigned(kMlaCluster), a, gate, gate_mode, out),
-            "mla_short_cluster launch");
+      auto const go = [&](auto kern) {
+        ops::allow_smem(kern, smem);
+        check(kernels::launch_cluster_ex(kern, dim3(unsigned(a.d.heads * kMlaCluster)), dim3(kMlaClusterThreads),
+                                         smem, st, unsigned(kMlaCluster), a, gate, gate_mode, out),
+              "mla_short_cluster launch");
+      };
+      // 4 rows per thread where they suffice (LING_MLA_R4=0: always kMlaClusterMaxRows, for A/B)
+      int const groups = mla_cluster_shape(a.d, MlaChunk<F>::kElems).groups;
+      if (a.d.nope <= 4 * groups && a.d.v <= 4 * groups && !env_off("LING_MLA_R4"))
+        go(mla_short_cluster_kernel<F, 4>);
+      else
+        go(mla_short_cluster_kernel<F>);
     });
     check_launch("mla_short_cluster");
     return;
