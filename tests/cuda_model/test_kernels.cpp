@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -384,6 +385,13 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   SUBCASE("cluster: rope 32 (latent 544)") { mla_case(r32, 40, 1, 1, cuda::kMlaShortClusterKernel); }
   SUBCASE("cluster: rank 64, element-wise gate") { mla_case(r64, 50, 1, 2, cuda::kMlaShortClusterKernel); }
   SUBCASE("cluster: rank 64, no rope, no gate") { mla_case(r64n, 20, 1, 0, cuda::kMlaShortClusterKernel); }
+  // the instance of 8 W_UK / W_UV rows per thread, which the launcher takes only where 4 do not suffice
+  SUBCASE("cluster, 8 rows per thread (LING_MLA_R4=0): 33 tokens, element-wise gate") {
+    setenv("LING_MLA_R4", "0", 1);
+    mla_case(ling, 32, 1, 2, cuda::kMlaShortClusterKernel);
+    mla_case(r64, 50, 1, 2, cuda::kMlaShortClusterKernel);
+    unsetenv("LING_MLA_R4");
+  }
   // a shape the cluster does not take (rank 32: 2 chunks per row) runs kernel 7's block per head
   SUBCASE("cluster asked, small dims: one block per head") { mla_case(small, 50, 1, 2, cuda::kMlaShortClusterKernel); }
 }

@@ -995,16 +995,6 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     for (int i = tid; i < rows * cpb; i += NT)
       kernels::cp_async16(W + std::int64_t(i) * 16, src + std::int64_t(i / cpb) * rb + (i % cpb) * 16);
     kernels::cp_async_commit();
-    // MlaDecodeArgs::partner: the slice of the block half a grid away into L2, one line per 128 bytes of its rows, so
-    // that a cluster that enters late (after the projections' last blocks leave) finds its slice there
-    if (a.partner) {
-      int const pb = (int(blockIdx.x) + int(gridDim.x) / 2) % int(gridDim.x);
-      char const* psrc =
-          static_cast<char const*>(a.kv_b.data) + std::int64_t(pb / C) * rows * rb + std::int64_t(pb % C) * cpb * 16;
-      int const lines = (cpb * 16 + 127) / 128;
-      for (int i = tid; i < rows * lines; i += NT)
-        kernels::prefetch_l2(psrc + std::int64_t(i / lines) * rb + (i % lines) * 128);
-    }
   }
   float suk[R], suv[R];
 #pragma unroll
@@ -1047,15 +1037,8 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
-  // The launch's global stores that nothing in it reads again (the new cache row, q̂) go out last: a cluster barrier
-  // (cluster.sync) compiles to MEMBAR.ALL.GPU before its arrive, which waits for the thread's stores in flight.
-  auto const late_stores = [&] {
-    if (h == 0)
-      for (int i = tid; i < nlc * 8; i += NT) a.cache[t * L + lcol(i / 8) + i % 8] = crow[i];
-    for (int i = tid; i < wn; i += NT) a.q_hat[std::int64_t(h) * L + col0 + i] = qh[i];
-    if (c == 0)
-      for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
-  };
+  if (h == 0)
+    for (int i = tid; i < nlc * 8; i += NT) a.cache[t * L + lcol(i / 8) + i % 8] = crow[i];
   {  // q̂'s slice = W_UKᵀ q_nope over the block's columns: the thread's rows, then the warp's row groups (shuffles)
     float acc[E];
 #pragma unroll
@@ -1083,12 +1066,13 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     float v = 0.f;
     for (int w = 0; w < NW; ++w) v += red[w * wn + i];
     qh[i] = v;
+    a.q_hat[std::int64_t(h) * L + col0 + i] = v;
   }
+  if (c == 0)
+    for (int i = tid; i < d.rope; i += NT) a.q_hat[std::int64_t(h) * L + r + i] = qh[wn + i];
   if (len > kMlaShortMaxLen) {  // the caller's contract broken (uniform over the cluster): NaN outputs
-    __syncthreads();            // q̂'s slice complete (late_stores reads it)
     for (int n = c * vb + tid; n < min(d.v, (c + 1) * vb); n += NT)
       out[std::int64_t(h) * d.v + n] = __uint_as_float(0x7FC00000u);
-    late_stores();
     return;
   }
   __syncthreads();  // q̂'s slice complete; red free again
@@ -1161,20 +1145,16 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   if (a.trace_mid == 4) kernels::trace_mark(a.trace, 2);
   cluster.sync();  // every block's partial outputs
   if (a.trace_mid == 5) kernels::trace_mark(a.trace, 2);
-  // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate. The thread's first row is
-  // stored after the last cluster barrier (no store in flight at its MEMBAR), any further ones (vb > NT) before it.
-  int const nend = min(d.v, (c + 1) * vb);
-  auto const row_out = [&](int n) {
-    float v = 0.f;
-    for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
-    float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[std::int64_t(h) * d.v + n] : 0.f;
-    return v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
-  };
-  float const v0 = n0 < nend ? row_out(n0) : 0.f;
-  for (int n = n0 + NT; n < nend; n += NT) out[std::int64_t(h) * d.v + n] = row_out(n);
+  {  // block c: rows [c·vb, (c + 1)·vb), the blocks' partials in rank order, times the gate
+    for (int n = n0; n < min(d.v, (c + 1) * vb); n += NT) {
+      float v = 0.f;
+      for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
+      std::int64_t const idx = std::int64_t(h) * d.v + n;
+      float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[idx] : 0.f;
+      out[idx] = v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
+    }
+  }
   cluster.sync();  // no block leaves while another still reads its shared memory
-  if (n0 < nend) out[std::int64_t(h) * d.v + n0] = v0;
-  late_stores();
   kernels::trace_end(a.trace);
 }
 

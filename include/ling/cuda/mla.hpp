@@ -59,9 +59,6 @@ struct MlaDecodeArgs {
   // model for the replayed graph only, where no launch this one may overlap writes them (the previous step's, which
   // wrote them, is complete before the graph starts; an eager step's launches may overlap the previous step's).
   bool early = false;
-  // The cluster chain also requests the kv_b slice of the block half a grid away into L2 before its wait (a trial,
-  // session 58: LING_MLA_PARTNER=1 in the model).
-  bool partner = false;
 };
 
 // MlaDecodeArgs::kernel for the whole chain in one launch at short contexts (mla.cuh mla_short_kernel), which takes

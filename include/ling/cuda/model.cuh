@@ -859,7 +859,6 @@ class CudaModel {
           ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
           ma.trace_mid = mla_env().trace_mid;
           ma.early = opt_.use_graph && !recording_ && mla_early_env();
-          ma.partner = env_int("LING_MLA_PARTNER", 0) == 1;
         }
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
