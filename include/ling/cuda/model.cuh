@@ -738,6 +738,11 @@ class CudaModel {
     return on;
   }
 
+  // Whether the step being enqueued is the replayed graph, where a launch may read before its PDL wait what the
+  // previous step wrote: that step is complete before the graph starts, while an eager step's launches may overlap the
+  // previous step's (PDL).
+  bool replayed_graph() const { return opt_.use_graph && !recording_; }
+
   // LING_MLA_EARLY=0: the MLA cluster chain reads the position and the cached rows after its PDL wait even in the
   // replayed graph (A/B; MlaDecodeArgs::early).
   static bool mla_early_env() { return !env_off("LING_MLA_EARLY"); }
@@ -809,8 +814,7 @@ class CudaModel {
         ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
         bool const gated = ka.o_ss && kda_gate_on();
         if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
-        // replayed graphs only: an eager step's launches may overlap the previous step's (PDL), a graph launch's not
-        ka.state_before_wait = opt_.use_graph && !recording_ && kda_state_early_env();
+        ka.state_before_wait = replayed_graph() && kda_state_early_env();
         ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
         // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
         ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
@@ -858,7 +862,7 @@ class CudaModel {
           ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
           ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
           ma.trace_mid = mla_env().trace_mid;
-          ma.early = opt_.use_graph && !recording_ && mla_early_env();
+          ma.early = replayed_graph() && mla_early_env();
         }
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
