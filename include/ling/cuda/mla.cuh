@@ -22,20 +22,15 @@
 
 namespace ling::cuda {
 
-// Interleaved RoPE angle of pair j at position pos as the CPU reference forms it (fp32 inv_freq and product), its
-// cos / sin in double, rounded to float.
-__device__ inline float2 rope_cs(std::int64_t pos, int j, int dim, double theta) {
+
+// Interleaved RoPE angle as the CPU reference forms it (fp32 inv_freq and product), cos/sin in double.
+__device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
   float inv_freq = 1.0f / powf(float(theta), float(2 * j) / float(dim));
   float angle = float(pos) * inv_freq;
-  return make_float2(float(cos(double(angle))), float(sin(double(angle))));
-}
-__device__ __forceinline__ void rope_rotate(float& x0, float& x1, float2 cs) {
+  double c = cos(double(angle)), s = sin(double(angle));
   float a = x0, b = x1;
-  x0 = a * cs.x - b * cs.y;
-  x1 = a * cs.y + b * cs.x;
-}
-__device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
-  rope_rotate(x0, x1, rope_cs(pos, j, dim, theta));
+  x0 = a * float(c) - b * float(s);
+  x1 = a * float(s) + b * float(c);
 }
 
 // 16 bytes of kv_b storage -> kElems fp32 values (unscaled) and the scale of (row r, chunk c) of a [rows, cols] matrix.
@@ -643,20 +638,17 @@ __device__ __forceinline__ float mla_row_inv_rms(MlaDims const& d, float const* 
   for (int i = tid; i < d.rank; i += nt) ss += kv_a[i] * kv_a[i];
   return rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
 }
-// pre: this thread's first pair's rope_cs (j = tid), computed by the caller (valid where has_pre).
 __device__ __forceinline__ void mla_rope_parts(MlaDims const& d, float const* kv_a, float const* q, std::int64_t t,
-                                               std::uint16_t* row, float* qh, int off, int tid, int nt,
-                                               bool has_pre = false, float2 pre = {}) {
+                                               std::uint16_t* row, float* qh, int off, int tid, int nt) {
   int const r = d.rank;
   if (d.use_rope) {
     for (int j = tid; j < d.rope / 2; j += nt) {
-      float2 const cs = has_pre && j == tid ? pre : rope_cs(t, j, d.rope, d.rope_theta);
       float x0 = kv_a[r + 2 * j], x1 = kv_a[r + 2 * j + 1];
-      rope_rotate(x0, x1, cs);
+      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
       row[off + 2 * j] = bf16_from_float(x0).bits;
       row[off + 2 * j + 1] = bf16_from_float(x1).bits;
       float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
-      rope_rotate(y0, y1, cs);
+      rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
       qh[off + 2 * j] = y0;
       qh[off + 2 * j + 1] = y1;
     }
@@ -1026,11 +1018,6 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
     }
   };
   if (a.early) load_cache();
-  // block 0 of the cluster, where the position is known before the wait: its thread's RoPE pair's cos / sin (double
-  // sin and cos, a powf) before the wait. After it, block 0 reached its kv_b mark ~2.4 µs after the other blocks
-  // (H100, session 59's per-block trace), and every cluster barrier waited for it.
-  bool const rpre = a.early && c == 0 && d.use_rope && tid < d.rope / 2;
-  float2 const rcs = rpre ? rope_cs(t, tid, d.rope, d.rope_theta) : make_float2(0.f, 0.f);
   ops::pdl_wait();
   kernels::trace_mark(a.trace, 1);
   if (!a.early) load_cache();
@@ -1046,7 +1033,7 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
   float const inv = mla_row_inv_rms(d, a.kv_a, tid, NT, scratch);
   for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
-  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT, rpre, rcs);
+  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT);
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
