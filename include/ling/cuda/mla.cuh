@@ -950,13 +950,16 @@ inline std::size_t mla_short_cluster_smem(MlaDims const& d, int elems) {
       std::size_t(kMlaClusterThreads / 32) * s.wn + s.wn + d.rope + s.wn + 2 * kMlaShortMaxLen + d.v + 32;
   return std::size_t(d.nope + d.v) * s.cpb * 16 + 32 * 16 + f * 4;
 }
+// Whether the head's W_UK and W_UV rows fit `rows` per thread over the shape's row groups (the kernel's kR).
+inline bool mla_cluster_rows_fit(MlaDims const& d, MlaClusterShape const& s, int rows) {
+  return d.nope <= rows * s.groups && d.v <= rows * s.groups;
+}
 inline bool mla_short_cluster_fits(MlaDecodeArgs const& a) {
   int const e = mla_chunk_elems(a.kv_b.format);
   if (!mla_kvb_vectorizable(a) || !mla_can_implement(a.d).is_ok() || (a.d.rank / e) % kMlaCluster != 0) return false;
   MlaClusterShape const s = mla_cluster_shape(a.d, e);
   return s.cpb >= 1 && s.cpb <= 32 && 32 % s.cpb == 0 && s.wn % 8 == 0 && a.d.rope % 8 == 0 && s.nlc0 <= 32 &&
-         a.d.nope <= kMlaClusterMaxRows * s.groups && a.d.v <= kMlaClusterMaxRows * s.groups &&
-         reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
+         mla_cluster_rows_fit(a.d, s, kMlaClusterMaxRows) && reinterpret_cast<std::uintptr_t>(a.cache) % 16 == 0 &&
          mla_short_cluster_smem(a.d, e) <=
              std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
@@ -1173,8 +1176,7 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
               "mla_short_cluster launch");
       };
       // 4 rows per thread where they suffice (LING_MLA_R4=0: always kMlaClusterMaxRows, for A/B)
-      int const groups = mla_cluster_shape(a.d, MlaChunk<F>::kElems).groups;
-      if (a.d.nope <= 4 * groups && a.d.v <= 4 * groups && !env_off("LING_MLA_R4"))
+      if (mla_cluster_rows_fit(a.d, mla_cluster_shape(a.d, MlaChunk<F>::kElems), 4) && !env_off("LING_MLA_R4"))
         go(mla_short_cluster_kernel<F, 4>);
       else
         go(mla_short_cluster_kernel<F>);
