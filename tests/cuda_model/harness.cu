@@ -128,9 +128,10 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
   return down<float>(out, std::size_t(T * P));
 }
 
-MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
-                  std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
-                  std::vector<float> const& gate, int gate_mode, int kernel, int min_chunk, int combine) {
+MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q,
+                  std::vector<float> const& kv_a, std::vector<float> const& kv_norm,
+                  std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits, std::vector<float> const& gate,
+                  int gate_mode, int kernel, int min_chunk, int combine, bool model_args) {
   DevMatrix w(kv_b);
   std::int64_t const L = d.latent();
   std::int64_t const max_ctx = pos + 1;
@@ -160,6 +161,13 @@ MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<fl
   a.kernel = kernel;
   a.min_chunk = min_chunk;
   a.combine = combine;
+  DeviceBuffer rope_cs;
+  if (model_args) {
+    rope_cs = poisoned(std::size_t(cuda::kMlaShortMaxLen) * std::max(d.rope, 1));
+    cuda::mla_rope_table(rope_cs.data<float>(), d, nullptr);
+    a.rope_cs = rope_cs.data<float>();
+    a.early = true;  // nothing runs before it here
+  }
   cuda::mla_decode(a, dg.data<float>(), gate_mode, out.data<float>());
   MlaOut r;
   r.cluster = kernel == cuda::kMlaShortClusterKernel && cuda::mla_short_cluster_fits(a);

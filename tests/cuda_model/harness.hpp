@@ -47,14 +47,16 @@ std::vector<float> kda_steps(KdaHost& k, std::int64_t start_pos, std::int64_t T,
                              std::vector<float> const* out_gate = nullptr, std::vector<float> const* out_norm_w = nullptr);
 
 // MLA: cache rows [0, pos) given (bf16 bits), one decode at position pos; returns O [H·dv] (gated),
-// the new cache row (as floats) and q̂ [H, r+dr].
+// the new cache row (as floats) and q̂ [H, r+dr]. model_args: as the model's replayed graph sets the one-launch chain
+// (the RoPE table of mla_rope_table in MlaDecodeArgs::rope_cs, the position and rows read before the PDL wait).
 struct MlaOut {
   std::vector<float> out, new_row, q_hat;
   bool cluster = false;  // kernel 8 asked and its cluster of blocks per head ran (mla_short_cluster_fits)
 };
-MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q, std::vector<float> const& kv_a,
-                  std::vector<float> const& kv_norm, std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits,
-                  std::vector<float> const& gate, int gate_mode, int kernel = 0, int min_chunk = 0, int combine = 0);
+MlaOut mla_decode(cuda::MlaDims const& d, HostMatrix const& kv_b, std::vector<float> const& q,
+                  std::vector<float> const& kv_a, std::vector<float> const& kv_norm,
+                  std::vector<std::uint16_t> const& cache, std::int64_t pos, int splits, std::vector<float> const& gate,
+                  int gate_mode, int kernel = 0, int min_chunk = 0, int combine = 0, bool model_args = false);
 
 struct RouterOut {
   std::vector<int> idx;

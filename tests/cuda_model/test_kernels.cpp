@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 #include "ling/cpu/backend.hpp"
 #include "ling/cpu/kda.hpp"
@@ -394,6 +395,35 @@ TEST_CASE("MLA absorbed decode with split context matches a naive reference") {
   }
   // a shape the cluster does not take (rank 32: 2 chunks per row) runs kernel 7's block per head
   SUBCASE("cluster asked, small dims: one block per head") { mla_case(small, 50, 1, 2, cuda::kMlaShortClusterKernel); }
+}
+
+// The cluster chain as the model's replayed graph runs it (the RoPE pairs' cos / sin from the model's table, the
+// position and the cached rows read before the wait) gives the bits of the chain that computes them in place.
+TEST_CASE("MLA cluster chain with the model's RoPE table and early reads: the in-place chain's bits") {
+  LING_REQUIRE_GPU();
+  cuda::MlaDims const ling{32, 128, 64, 128, 512, true, 6e6, 1e-6f}, r64{4, 24, 8, 40, 64, true, 10000.0, 1e-6f},
+      r64n{3, 24, 16, 8, 64, false, 10000.0, 1e-6f};
+  for (auto const& [d, pos] :
+       {std::pair{ling, std::int64_t(0)}, std::pair{ling, std::int64_t(37)}, std::pair{ling, std::int64_t(63)},
+        std::pair{r64, std::int64_t(50)}, std::pair{r64n, std::int64_t(20)}}) {
+    CAPTURE(d.rank);
+    CAPTURE(pos);
+    int const H = d.heads, L = d.latent(), r = d.rank;
+    auto kvb = make_matrix(MatFormat::kFp8Block, randn(std::size_t(H) * (d.nope + d.v) * r, 0.05f),
+                           std::int64_t(H) * (d.nope + d.v), r);
+    auto q = randn(std::size_t(H) * d.qk()), kv_a = randn(std::size_t(L)), kv_norm = randn(std::size_t(r));
+    std::vector<std::uint16_t> cache(std::size_t(pos * L));
+    for (auto& c : cache) c = bf16_from_float(randn(1)[0]).bits;
+    auto const gate = randn(std::size_t(H) * d.v);
+    auto const in_place = mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, 1, gate, 2, cuda::kMlaShortClusterKernel);
+    auto const tab =
+        mla_decode(d, kvb, q, kv_a, kv_norm, cache, pos, 1, gate, 2, cuda::kMlaShortClusterKernel, 0, 0, true);
+    CHECK(tab.cluster);
+    for (auto const* v : {&in_place.out, &in_place.new_row, &tab.out, &tab.new_row})
+      for (float x : *v) REQUIRE(std::isfinite(x));
+    CHECK(std::memcmp(tab.out.data(), in_place.out.data(), tab.out.size() * 4) == 0);
+    CHECK(std::memcmp(tab.new_row.data(), in_place.new_row.data(), tab.new_row.size() * 4) == 0);
+  }
 }
 
 // The one-launch chain past its contract (65 tokens), in both forms: NaN outputs, never a partial attention; the new

@@ -22,15 +22,33 @@
 
 namespace ling::cuda {
 
-
-// Interleaved RoPE angle as the CPU reference forms it (fp32 inv_freq and product), cos/sin in double.
-__device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
+// Interleaved RoPE angle of pair j at position pos as the CPU reference forms it (fp32 inv_freq and product), its
+// cos / sin in double, rounded to float.
+__device__ inline float2 rope_cs(std::int64_t pos, int j, int dim, double theta) {
   float inv_freq = 1.0f / powf(float(theta), float(2 * j) / float(dim));
   float angle = float(pos) * inv_freq;
-  double c = cos(double(angle)), s = sin(double(angle));
+  return make_float2(float(cos(double(angle))), float(sin(double(angle))));
+}
+__device__ __forceinline__ void rope_rotate(float& x0, float& x1, float2 cs) {
   float a = x0, b = x1;
-  x0 = a * float(c) - b * float(s);
-  x1 = a * float(s) + b * float(c);
+  x0 = a * cs.x - b * cs.y;
+  x1 = a * cs.y + b * cs.x;
+}
+__device__ inline void rope_pair(float& x0, float& x1, std::int64_t pos, int j, int dim, double theta) {
+  rope_rotate(x0, x1, rope_cs(pos, j, dim, theta));
+}
+// MlaDecodeArgs::rope_cs: rope_cs of every position below kMlaShortMaxLen and pair ([kMlaShortMaxLen, rope / 2] (cos,
+// sin) pairs; the same function, so the same values as computed in place).
+__global__ void mla_rope_table_kernel(float2* out, MlaDims d) {
+  int const n = d.rope / 2, i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < kMlaShortMaxLen * n) out[i] = rope_cs(i / n, i % n, d.rope, d.rope_theta);
+}
+// Fills `out` (kMlaShortMaxLen · rope floats, 8-byte aligned) on `st`.
+inline void mla_rope_table(float* out, MlaDims const& d, cudaStream_t st) {
+  int const n = kMlaShortMaxLen * (d.rope / 2);
+  if (n <= 0 || !d.use_rope) return;
+  ops::launch(mla_rope_table_kernel, unsigned((n + 127) / 128), 128, 0, st, reinterpret_cast<float2*>(out), d);
+  check_launch("mla_rope_table");
 }
 
 // 16 bytes of kv_b storage -> kElems fp32 values (unscaled) and the scale of (row r, chunk c) of a [rows, cols] matrix.
@@ -638,17 +656,20 @@ __device__ __forceinline__ float mla_row_inv_rms(MlaDims const& d, float const* 
   for (int i = tid; i < d.rank; i += nt) ss += kv_a[i] * kv_a[i];
   return rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
 }
+// pre: this thread's first pair's rope_cs (j = tid), computed by the caller (valid where has_pre).
 __device__ __forceinline__ void mla_rope_parts(MlaDims const& d, float const* kv_a, float const* q, std::int64_t t,
-                                               std::uint16_t* row, float* qh, int off, int tid, int nt) {
+                                               std::uint16_t* row, float* qh, int off, int tid, int nt,
+                                               bool has_pre = false, float2 pre = {}) {
   int const r = d.rank;
   if (d.use_rope) {
     for (int j = tid; j < d.rope / 2; j += nt) {
+      float2 const cs = has_pre && j == tid ? pre : rope_cs(t, j, d.rope, d.rope_theta);
       float x0 = kv_a[r + 2 * j], x1 = kv_a[r + 2 * j + 1];
-      rope_pair(x0, x1, t, j, d.rope, d.rope_theta);
+      rope_rotate(x0, x1, cs);
       row[off + 2 * j] = bf16_from_float(x0).bits;
       row[off + 2 * j + 1] = bf16_from_float(x1).bits;
       float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
-      rope_pair(y0, y1, t, j, d.rope, d.rope_theta);
+      rope_rotate(y0, y1, cs);
       qh[off + 2 * j] = y0;
       qh[off + 2 * j + 1] = y1;
     }
@@ -1020,10 +1041,20 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
                                               : make_uint4(0u, 0u, 0u, 0u);
     }
   };
-  if (a.early) load_cache();
+  // block 0's RoPE: this thread's pair's cos / sin at the position, from the model's table (MlaDecodeArgs::rope_cs)
+  // where there is one, read with the position. Computed here instead (rope_cs: a powf, double sin and cos), block 0
+  // reached its kv_b mark ~2.4 µs after the cluster's other blocks, and every cluster barrier waited for it (H100,
+  // session 59's per-block trace); computed before the wait, ~1.4 µs after them (session 60's).
+  bool rpre = false;
+  float2 rcs = make_float2(0.f, 0.f);
+  auto const load_rope = [&] {
+    rpre = a.rope_cs && c == 0 && d.use_rope && tid < d.rope / 2 && t < kMlaShortMaxLen;
+    if (rpre) rcs = reinterpret_cast<float2 const*>(a.rope_cs)[t * (d.rope / 2) + tid];
+  };
+  if (a.early) load_cache(), load_rope();
   ops::pdl_wait();
   kernels::trace_mark(a.trace, 1);
-  if (!a.early) load_cache();
+  if (!a.early) load_cache(), load_rope();
   float const* qv = a.q + std::int64_t(h) * d.qk();
   float qn[R];
 #pragma unroll
@@ -1036,7 +1067,7 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
   float const inv = mla_row_inv_rms(d, a.kv_a, tid, NT, scratch);
   for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
-  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT);
+  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT, rpre, rcs);
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);

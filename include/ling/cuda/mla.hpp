@@ -59,6 +59,9 @@ struct MlaDecodeArgs {
   // model for the replayed graph only, where no launch this one may overlap writes them (the previous step's, which
   // wrote them, is complete before the graph starts; an eager step's launches may overlap the previous step's).
   bool early = false;
+  // The cluster chain's RoPE cos / sin per position below kMlaShortMaxLen and pair: [kMlaShortMaxLen, rope / 2] (cos,
+  // sin) pairs, 8-byte aligned (mla.cuh mla_rope_table; null: the kernel computes them).
+  float const* rope_cs = nullptr;
 };
 
 // MlaDecodeArgs::kernel for the whole chain in one launch at short contexts (mla.cuh mla_short_kernel), which takes

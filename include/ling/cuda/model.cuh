@@ -542,6 +542,7 @@ class CudaModel {
     part_o_ = scratch<float>(std::int64_t(splits_) * Hm * c.kv_lora_rank);
     part_ml_ = scratch<float>(std::int64_t(splits_) * Hm * 2);
     o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
+    if (Hm > 0) mla_rope_cs_ = scratch<float>(std::int64_t(kMlaShortMaxLen) * mla_dims_.rope);
     mo_ = scratch<float>(Hm * c.v_head_dim);
     router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
     if (predict_) {
@@ -590,6 +591,7 @@ class CudaModel {
     for (Layer const& l : layers_)
       if (l.f.pred.rows) build_route_predictor(l.f.router, l.post_norm, l.in_norm, l.f.pred);
     setup_ahead();
+    if (mla_rope_cs_) mla_rope_table(mla_rope_cs_, mla_dims_, stream_);
     // the projections' dynamic tail (ops::MatvecTail; session 48: 20% measured 0.011-0.022 ms/token faster on H100s)
     tail_ = {tail_counter_, env_int_in("LING_MATVEC_TAIL", 20, 0, 90)};
     check(cudaDeviceSynchronize(), "building the CUDA model");
@@ -863,6 +865,7 @@ class CudaModel {
           ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
           ma.trace_mid = mla_env().trace_mid;
           ma.early = replayed_graph() && mla_early_env();
+          ma.rope_cs = mla_rope_cs_;
         }
         int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
         ops::trace_next() = nullptr;
@@ -994,6 +997,7 @@ class CudaModel {
   float *x_ = nullptr, *xq_ = nullptr, *xk_ = nullptr, *xv_ = nullptr, *xf_ = nullptr, *xg_ = nullptr, *xb_ = nullptr, *o_ = nullptr;
   float* o_ss_ = nullptr;  // the KDA step's partial Σ o² per head (KdaStepArgs::o_ss) for o_proj's gated head norm
   float *mq_ = nullptr, *mqa_ = nullptr, *mkv_ = nullptr, *mgate_ = nullptr, *q_hat_ = nullptr, *part_o_ = nullptr, *part_ml_ = nullptr;
+  float* mla_rope_cs_ = nullptr;  // MlaDecodeArgs::rope_cs (filled once in build())
   float *o_lat_ = nullptr, *mo_ = nullptr, *router_logits_ = nullptr, *sel_w_ = nullptr, *act_ = nullptr, *logits_ = nullptr;
   float* logits_alt_ = nullptr;
   int* sel_idx_ = nullptr;
