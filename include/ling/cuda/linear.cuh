@@ -83,10 +83,15 @@ __device__ __forceinline__ float4 ld_x4(float const* __restrict__ x, int c, int 
   return make_float4(c < nn ? x[c] : 0.f, c + 1 < nn ? x[c + 1] : 0.f, c + 2 < nn ? x[c + 2] : 0.f,
                      c + 3 < nn ? x[c + 3] : 0.f);
 }
+// ld_x4 where nn is a multiple of 4: no partial vector, so no element-wise tail (a quarter of the code).
+__device__ __forceinline__ float4 ld_x4_whole(float const* __restrict__ x, int c, int nn) {
+  return c < nn ? __ldg(reinterpret_cast<float4 const*>(x + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
+}
 // Stages x[0..nn) (16-byte aligned) into xs times `pre` (kWeighted: times w[c] instead, w 16-byte aligned and loaded
 // with x: the RMSNorm prologue's one batch of loads), zero-filled up to `end` (a multiple of 32), kB float4 loads (or
 // pairs) in flight per thread; returns this thread's Σ x² (the RMSNorm statistic; unused results cost nothing).
-template <int kB, bool kWeighted = false>
+// kWhole: nn is a multiple of 4 (ld_x4_whole).
+template <int kB, bool kWeighted = false, bool kWhole = false>
 __device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, int nn, int end, float pre,
                                         float const* __restrict__ w = nullptr) {
   float ss = 0.f;
@@ -95,8 +100,8 @@ __device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, 
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
       int const c = 4 * (base + i * int(blockDim.x));
-      v[i] = ld_x4(x, c, nn);
-      if constexpr (kWeighted) g[i] = ld_x4(w, c, nn);
+      v[i] = kWhole ? ld_x4_whole(x, c, nn) : ld_x4(x, c, nn);
+      if constexpr (kWeighted) g[i] = kWhole ? ld_x4_whole(w, c, nn) : ld_x4(w, c, nn);
     }
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
@@ -255,10 +260,11 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
   __shared__ float red[32];
   int const end = int(round32(n_stage)), nn = int(n);
   bool const fused = p.flags & InputPrologue::kFusedWeights;
-  if (fused && p.kind == PrologueKind::kRmsNorm && is_aligned16(x) && is_aligned16(p.norm_w)) {
+  if (fused && p.kind == PrologueKind::kRmsNorm && is_aligned16(x) && is_aligned16(p.norm_w) && nn % 4 == 0) {
     // pairs of 2 per thread: the registers of the plain batch of 4 (a batch of 3 made the pipelined matvec spill the
-    // row it loads before its PDL wait, measured 2026-11-30)
-    float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
+    // row it loads before its PDL wait, measured 2026-11-30). Widths that are not a multiple of 4 (none of Ling's)
+    // take stage_input_slow, which rounds x · w · inv as x · (inv · w).
+    float const ss = stage4<2, true, true>(xs, x, nn, end, 1.f, p.norm_w);
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
     float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;
@@ -331,10 +337,13 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     }
     return;
   }
-  if (p.kind == PrologueKind::kPlain && is_aligned16(x)) {  // four elements per load (the usual plain case)
-    stage4<4>(xs, x, nn, end, kXPre);
-    return;
-  }
+  // four elements per load (the usual plain case). Not inlined in the MoE and router launches (!kAttnFused), whose
+  // input the model always normalizes: stage_input_slow stages it with the same loads and products.
+  if constexpr (kAttnFused)
+    if (p.kind == PrologueKind::kPlain && is_aligned16(x)) {
+      stage4<4>(xs, x, nn, end, kXPre);
+      return;
+    }
   stage_input_slow<kAttnFused>(xs, x, n, n_stage, p, red);
 }
 

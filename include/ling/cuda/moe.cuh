@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <type_traits>
 
 #include "ling/cuda/async_copy.cuh"
 #include "ling/cuda/grid_round.hpp"
@@ -1004,14 +1005,16 @@ __global__ void __launch_bounds__(kW * 32, 1)
   // one barrier per ring buffer: its k-th tile's copies complete phase k (parity k & 1)
   std::uint64_t* const bars = s_bar + warp * kStreamMaxStages;
   // the copies of this warp's m-th tile into buffer m % D: lane 0 issues four bulk copies (gate rows, up rows, gate
-  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier
-  auto issue = [&](int m) {
+  // scales, up scales; shared-expert or routed) that complete on the buffer's barrier. kRouted (the issue after the
+  // selection: a warp's shared-expert tiles lead its list, and the first D of them went before the wait) leaves the
+  // shared-expert branch out of that copy of the code.
+  auto issue = [&]<bool kRouted = false>(int m, std::bool_constant<kRouted> = {}) {
     if (lane != 0) return;
     int const t = tile_of(m);
     unsigned char* dst = ring + std::size_t(m % D) * std::size_t(sp.stage_bytes);
     char const *s0, *s1, *s2, *s3;
     std::int64_t n01, n23, o1, o2, o3;
-    if (t < sp.shared_tiles) {
+    if (!kRouted && t < sp.shared_tiles) {
       std::int64_t const r0 = std::int64_t(t) * R2, nr = sinter - r0 < R2 ? sinter - r0 : R2;
       std::int64_t const so = (r0 >> 7) * ncb * 4;
       s0 = static_cast<char const*>(a.sgate.data) + r0 * srb;
@@ -1054,11 +1057,12 @@ __global__ void __launch_bounds__(kW * 32, 1)
 
   pdl_trigger();
   trace_mark(a.trace_a, 0);
-  if (lane == 0) {
-    for (int k = 0; k < D; ++k) mbar_init(bars + k, 1);
-    if (kPaced && warp == 0) mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
-    mbar_init_fence();
-  }
+  // lane k < D initializes buffer k's barrier (a loop over k by lane 0 unrolled to ~250 instructions: each init
+  // with a non-uniform address is a loop of its own)
+  if (lane < D) mbar_init(bars + lane, 1);
+  if (kPaced && warp == 0 && lane == 0)
+    mbar_init(s_bar + kW * kStreamMaxStages, kW * 32);  // every thread's limbs staged
+  if (lane < D) mbar_init_fence();
   __syncwarp();
   // this warp's leading shared-expert tiles, issued before the wait
   int pre = 0;
@@ -1127,22 +1131,30 @@ __global__ void __launch_bounds__(kW * 32, 1)
     // kWg: the r-th warpgroup with routed tiles, 4 pace · r cycles (its four tiles together)
     int const r = kWg ? (warp < 4 ? -1 : (warp - 4) >> 2) : warp - first_routed;
     long long const at = clock64() + static_cast<long long>(a.pace) * (kWg ? 4 : 1) * r;
-    if (r <= 0)
-      for (int m = pre; m < D && m < mine; ++m) issue(m);
     std::uint64_t* const qbar = s_bar + kW * kStreamMaxStages;
-    e2m1_tables_store(s_tab);
-    if constexpr (kWg) {
-      stage_e4m3_limbs(wg_b(q), sx, xs, nblk);
-      fence_proxy_async_smem();  // B's writes before the wgmmas read it (the async proxy)
-    } else {
-      stage_q8(q, sx, xs, nblk, kXPre);
-    }
-    mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
-    if (r > 0 && pre < D && pre < mine) {
-      if (lane == 0)
-        while (clock64() < at) __nanosleep(20);
-      __syncwarp();
-      for (int m = pre; m < D && m < mine; ++m) issue(m);
+    // One copy of the issue code for both orders (r <= 0: before the staging; r > 0: after it and the pace): pass 0
+    // stages, and each warp issues in the pass its order names. Inlined twice, the issue code was ~4 KB more that
+    // every SM fetched right after the selection (docs/kernels.md "Launch A's code size").
+    int const pass_issue = r > 0 ? 1 : 0;
+#pragma unroll 1
+    for (int pass = 0; pass < 2; ++pass) {
+      if (pass == pass_issue && pre < D && pre < mine) {
+        if (pass == 1 && lane == 0)
+          while (clock64() < at) __nanosleep(20);
+        __syncwarp();
+#pragma unroll 1
+        for (int m = pre; m < D && m < mine; ++m) issue(m, std::true_type{});
+      }
+      if (pass == 0) {
+        e2m1_tables_store(s_tab);
+        if constexpr (kWg) {
+          stage_e4m3_limbs(wg_b(q), sx, xs, nblk);
+          fence_proxy_async_smem();  // B's writes before the wgmmas read it (the async proxy)
+        } else {
+          stage_q8(q, sx, xs, nblk, kXPre);
+        }
+        mbar_arrive(qbar);  // this thread's limbs are staged: no block barrier that the paced warps would hold back
+      }
     }
     if (a.trace_mid == 5) trace_mark_max(a.trace_a, 2);
     mbar_wait(qbar, 0);  // every thread's limbs (and thread 0's tables) are staged
