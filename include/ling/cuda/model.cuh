@@ -543,10 +543,6 @@ class CudaModel {
     part_ml_ = scratch<float>(std::int64_t(splits_) * Hm * 2);
     o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
     if (Hm > 0) mla_rope_cs_ = scratch<float>(std::int64_t(kMlaShortMaxLen) * mla_dims_.rope);
-    // LING_ARENA_PAD=k (measurements only, a probe): k KB of the arena left unused here, so that every buffer after this
-    // point (the later activations, the caches, the KDA states, the counters) sits k KB further on (docs/performance.md,
-    // session 60's next step 2).
-    if (int const pad = env_int_in("LING_ARENA_PAD", 0, 0, 1 << 16); pad > 0) arena_.take(std::size_t(pad) * 1024);
     mo_ = scratch<float>(Hm * c.v_head_dim);
     router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
     if (predict_) {
