@@ -656,22 +656,19 @@ __device__ __forceinline__ float mla_row_inv_rms(MlaDims const& d, float const* 
   for (int i = tid; i < d.rank; i += nt) ss += kv_a[i] * kv_a[i];
   return rsqrtf(dev::block_sum(ss, scratch) / float(d.rank) + d.eps);
 }
-// pre: this thread's first pair's rope_cs (j = tid), read by the caller (valid where has_pre); in: that pair's k_rope
-// (x, y) and q_rope (z, w) inputs, loaded by the caller (valid where has_in).
+// pre: this thread's first pair's rope_cs (j = tid), computed by the caller (valid where has_pre).
 __device__ __forceinline__ void mla_rope_parts(MlaDims const& d, float const* kv_a, float const* q, std::int64_t t,
                                                std::uint16_t* row, float* qh, int off, int tid, int nt,
-                                               bool has_pre = false, float2 pre = {}, bool has_in = false,
-                                               float4 in = {}) {
+                                               bool has_pre = false, float2 pre = {}) {
   int const r = d.rank;
   if (d.use_rope) {
     for (int j = tid; j < d.rope / 2; j += nt) {
       float2 const cs = has_pre && j == tid ? pre : rope_cs(t, j, d.rope, d.rope_theta);
-      bool const got = has_in && j == tid;
-      float x0 = got ? in.x : kv_a[r + 2 * j], x1 = got ? in.y : kv_a[r + 2 * j + 1];
+      float x0 = kv_a[r + 2 * j], x1 = kv_a[r + 2 * j + 1];
       rope_rotate(x0, x1, cs);
       row[off + 2 * j] = bf16_from_float(x0).bits;
       row[off + 2 * j + 1] = bf16_from_float(x1).bits;
-      float y0 = got ? in.z : q[d.nope + 2 * j], y1 = got ? in.w : q[d.nope + 2 * j + 1];
+      float y0 = q[d.nope + 2 * j], y1 = q[d.nope + 2 * j + 1];
       rope_rotate(y0, y1, cs);
       qh[off + 2 * j] = y0;
       qh[off + 2 * j + 1] = y1;
@@ -1062,12 +1059,6 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   float qn[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) qn[i] = rg + G * i < d.nope ? qv[rg + G * i] : 0.f;
-  // block 0: this thread's RoPE pair's inputs (k_rope, q_rope), with the first loads instead of after the RMSNorm's
-  // block sum (session 60's trace: block 0 still reached its kv_b mark 0.7 µs after the other ranks)
-  bool const rin = c == 0 && d.use_rope && tid < d.rope / 2;
-  float4 const rv =
-      rin ? make_float4(a.kv_a[r + 2 * tid], a.kv_a[r + 2 * tid + 1], qv[d.nope + 2 * tid], qv[d.nope + 2 * tid + 1])
-          : make_float4(0.f, 0.f, 0.f, 0.f);
   // the gate of this thread's first output row (block c: rows [c·vb, (c + 1)·vb)), with the first loads
   int const vb = (d.v + C - 1) / C, n0 = c * vb + tid;
   float const g0 = gate_mode == 1 ? gate[h]
@@ -1076,7 +1067,7 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   // the new cache row's chunks of this block [RMSNorm(c) | RoPE(k_rope)] and (block 0) q̂'s rope part
   float const inv = mla_row_inv_rms(d, a.kv_a, tid, NT, scratch);
   for (int i = tid; i < wn; i += NT) crow[i] = bf16_from_float(a.kv_norm[col0 + i] * (a.kv_a[col0 + i] * inv)).bits;
-  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT, rpre, rcs, rin, rv);
+  if (c == 0) mla_rope_parts(d, a.kv_a, qv, t, crow, qh, wn, tid, NT, rpre, rcs);
   kernels::cp_async_wait(0);
   __syncthreads();  // the weights have landed; the new row's chunks and q̂'s rope part are in shared memory
   if (a.trace_mid == 0) kernels::trace_mark(a.trace, 2);
