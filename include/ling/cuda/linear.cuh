@@ -88,10 +88,10 @@ __device__ __forceinline__ float4 ld_x4_whole(float const* __restrict__ x, int c
   return c < nn ? __ldg(reinterpret_cast<float4 const*>(x + c)) : make_float4(0.f, 0.f, 0.f, 0.f);
 }
 // Stages x[0..nn) (16-byte aligned) into xs times `pre` (kWeighted: times w[c] instead, w 16-byte aligned and loaded
-// with x: the RMSNorm prologue's one batch of loads), zero-filled up to `end` (a multiple of 32), kB float4 loads (or
-// pairs) in flight per thread; returns this thread's Σ x² (the RMSNorm statistic; unused results cost nothing).
-// kWhole: nn is a multiple of 4 (ld_x4_whole).
-template <int kB, bool kWeighted = false, bool kWhole = false>
+// with x: the RMSNorm prologue's one batch of loads; nn then a multiple of 4, loaded by ld_x4_whole), zero-filled up to
+// `end` (a multiple of 32), kB float4 loads (or pairs) in flight per thread; returns this thread's Σ x² (the RMSNorm
+// statistic; unused results cost nothing).
+template <int kB, bool kWeighted = false>
 __device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, int nn, int end, float pre,
                                         float const* __restrict__ w = nullptr) {
   float ss = 0.f;
@@ -100,8 +100,8 @@ __device__ __forceinline__ float stage4(float* xs, float const* __restrict__ x, 
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
       int const c = 4 * (base + i * int(blockDim.x));
-      v[i] = kWhole ? ld_x4_whole(x, c, nn) : ld_x4(x, c, nn);
-      if constexpr (kWeighted) g[i] = kWhole ? ld_x4_whole(w, c, nn) : ld_x4(w, c, nn);
+      v[i] = kWeighted ? ld_x4_whole(x, c, nn) : ld_x4(x, c, nn);
+      if constexpr (kWeighted) g[i] = ld_x4_whole(w, c, nn);
     }
 #pragma unroll
     for (int i = 0; i < kB; ++i) {
@@ -264,7 +264,7 @@ __device__ __forceinline__ void stage_input(float* xs, float const* __restrict__
     // pairs of 2 per thread: the registers of the plain batch of 4 (a batch of 3 made the pipelined matvec spill the
     // row it loads before its PDL wait, measured 2026-11-30). Widths that are not a multiple of 4 (none of Ling's)
     // take stage_input_slow, which rounds x · w · inv as x · (inv · w).
-    float const ss = stage4<2, true, true>(xs, x, nn, end, 1.f, p.norm_w);
+    float const ss = stage4<2, true>(xs, x, nn, end, 1.f, p.norm_w);
     // block_sum's barriers order every thread's staging stores before this rescale of other threads' elements
     float const inv = rsqrtf(block_sum(ss, red) / float(n) + p.eps) * kXPre;
     for (int c = threadIdx.x; c < nn; c += blockDim.x) xs[xpad(c)] *= inv;

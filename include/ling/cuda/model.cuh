@@ -542,7 +542,7 @@ class CudaModel {
     part_o_ = scratch<float>(std::int64_t(splits_) * Hm * c.kv_lora_rank);
     part_ml_ = scratch<float>(std::int64_t(splits_) * Hm * 2);
     o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
-    if (Hm > 0) mla_rope_cs_ = scratch<float>(std::int64_t(kMlaShortMaxLen) * mla_dims_.rope);
+    if (Hm > 0 && mla_dims_.use_rope) mla_rope_cs_ = scratch<float>(std::int64_t(kMlaShortMaxLen) * mla_dims_.rope);
     mo_ = scratch<float>(Hm * c.v_head_dim);
     router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
     if (predict_) {
