@@ -1192,6 +1192,141 @@ __global__ void __launch_bounds__(kMlaClusterThreads, 2)
   kernels::trace_end(a.trace);
 }
 
+// ---- the splits' combine and W_UV in one launch (MlaDecodeArgs::combine 2, LING_MLA_COMBINE=2; session 61) ----------
+// From position 64 on, the MLA chain is four launches after the projections: q̂, the attention over the splits, the
+// combine (mla_combine_wide_kernel) and W_UV (mla_uv_fast_kernel). Both of the last two are per head, so here a
+// cluster of kMlaCluster blocks per head does both: block c combines the head's latent columns [c·wn, (c+1)·wn) over
+// the used splits (thread (grp, q4): float4 q4 of them from splits grp, grp + ng, …, all of a batch issued at once; the
+// ng groups' sums added in group order), then multiplies its slice of W_UV's rows (requested into registers before
+// the PDL wait, as mla_uv_fast_kernel does) with that slice of o_lat: the row's partial over the slice. Block c sums
+// output rows [c·vb, (c+1)·vb) over the blocks in rank order (distributed shared memory) and applies the gate. One
+// launch boundary fewer per MLA layer; another summation order than the two launches' (checked against the reference
+// and against them, test_cuda_kernels). o_lat is not stored. Needs the cluster chain's column split (FP8 / BF16 /
+// F32 chunks, rank / elems a multiple of kMlaCluster, at most 32 chunks per block) and dv of at most kR row groups.
+inline constexpr int kMlaCombineUvBatch = 17;  // splits per thread in one batch of copies (8 groups: 136 splits)
+inline int mla_combine_uv_rows(MlaDims const& d, int elems) {  // rows of W_UV per thread (0: the shape does not fit)
+  int const nch = elems > 0 ? d.rank / elems : 0, cpb = nch / kMlaCluster;
+  if (cpb < 1 || cpb > 32 || 32 % cpb != 0 || nch % kMlaCluster != 0) return 0;
+  int const groups = kMlaClusterThreads / cpb;
+  return d.v <= 4 * groups ? 4 : d.v <= 8 * groups ? 8 : 0;
+}
+inline std::size_t mla_combine_uv_smem(MlaDims const& d, int elems, int splits) {
+  int const wn = d.rank / kMlaCluster, ng = kMlaClusterThreads / (wn / 4);
+  (void)elems;
+  std::size_t const f =
+      std::size_t(ng) * wn + wn + std::size_t(d.v + 3) / 4 * 4 + 32 + std::size_t(std::max(splits, 1) + 3) / 4 * 4;
+  return sizeof(float) * f + sizeof(float) * 4 * kMlaCombineUvBatch * kMlaClusterThreads;
+}
+inline bool mla_combine_uv_fits(MlaDecodeArgs const& a) {
+  int const e = mla_chunk_elems(a.kv_b.format);
+  if (!mla_kvb_vectorizable(a) || mla_combine_uv_rows(a.d, e) == 0) return false;
+  int const wn = a.d.rank / kMlaCluster;
+  return wn % 4 == 0 && wn / 4 <= kMlaClusterThreads && kMlaClusterThreads % (wn / 4) == 0 &&
+         reinterpret_cast<std::uintptr_t>(a.part_o) % 16 == 0 &&
+         mla_combine_uv_smem(a.d, e, a.splits) <=
+             std::size_t(current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
+
+template <MatFormat F, int kR>
+__global__ void __launch_bounds__(kMlaClusterThreads)
+    mla_combine_uv_cluster_kernel(MlaDecodeArgs a, float const* gate, int gate_mode, float* out) {
+  namespace cg = cooperative_groups;
+  using D = MlaChunk<F>;
+  constexpr int E = D::kElems, C = kMlaCluster, NT = kMlaClusterThreads, R = kR, U = kMlaCombineUvBatch;
+  extern __shared__ __align__(16) float cu_sm[];
+  cg::cluster_group cluster = cg::this_cluster();
+  MlaDims const d = a.d;
+  int const c = int(cluster.block_rank()), h = int(blockIdx.x) / C, tid = int(threadIdx.x);
+  int const r = d.rank, nch = r / E, cpb = nch / C, G = NT / cpb, wn = r / C, q = tid % cpb, rg = tid / cpb,
+            col0 = c * wn, q4n = wn / 4, ng = NT / q4n, q4 = tid % q4n, grp = tid / q4n;
+  float* const part = cu_sm;                      // [ng][wn]: the split groups' sums
+  float* const ol = part + ng * wn;               // [wn]: o_lat's slice
+  float* const po = ol + wn;                      // [dv]: the rows' partials over the slice
+  float* const scratch = po + (d.v + 3) / 4 * 4;  // [32]
+  float* const ws = scratch + 32;                 // [splits]: exp(m_s − m)
+  float4* const stg = reinterpret_cast<float4*>(ws + (std::max(a.splits, 1) + 3) / 4 * 4);  // [U][NT]: the copies
+  std::int64_t const rb = std::int64_t(nch) * 16, row0 = std::int64_t(h) * (d.nope + d.v) + d.nope;
+  ops::pdl_trigger();
+  uint4 w[R];  // W_UV rows rg + G·i, chunk c·cpb + q: weights, requested before the wait
+  float sc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    int const n = rg + G * i;
+    bool const ok = n < d.v;
+    w[i] =
+        ok ? ops::load_stream(static_cast<char const*>(a.kv_b.data) + (row0 + n) * rb + std::int64_t(c * cpb + q) * 16)
+           : make_uint4(0u, 0u, 0u, 0u);
+    sc[i] = ok ? D::scale(a.kv_b.scales, a.kv_b.cols, row0 + n, c * cpb + q) : 0.f;
+  }
+  ops::pdl_wait();
+  int const vb = (d.v + C - 1) / C, n0 = c * vb + tid, n1 = min(d.v, (c + 1) * vb);
+  float const g0 = gate_mode == 1 ? gate[h] : gate_mode == 2 && n0 < n1 ? gate[std::int64_t(h) * d.v + n0] : 0.f;
+  int used = 0;
+  float const den = mla_combine_weights(a, h, ws, scratch, used);
+  {  // this block's columns over the used splits
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float const* pp = a.part_o + std::int64_t(h) * r + col0 + 4 * q4;
+    std::int64_t const stride = std::int64_t(d.heads) * r;
+    for (int s0 = grp; s0 < used; s0 += ng * U) {
+      // every load of the batch as an asynchronous copy into this thread's own staging slots, all issued before the
+      // first is used (as plain loads ptxas interleaved them with the sums, so they went out a few at a time); a split
+      // past the used ones copies the last used one, which is not added
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        kernels::cp_async16(stg + k * NT + tid, pp + std::int64_t(min(s0 + k * ng, used - 1)) * stride);
+      kernels::cp_async_commit();
+      kernels::cp_async_wait(0);  // the thread reads only its own slots
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        int const s = s0 + k * ng;
+        if (s < used) {
+          float const f = ws[s];
+          float4 const v = stg[k * NT + tid];
+          acc.x = fmaf(f, v.x, acc.x), acc.y = fmaf(f, v.y, acc.y);
+          acc.z = fmaf(f, v.z, acc.z), acc.w = fmaf(f, v.w, acc.w);
+        }
+      }
+    }
+    *reinterpret_cast<float4*>(part + grp * wn + 4 * q4) = acc;
+  }
+  __syncthreads();
+  for (int i = tid; i < wn; i += NT) {
+    float v = 0.f;
+    for (int g = 0; g < ng; ++g) v += part[g * wn + i];
+    ol[i] = v / den;
+  }
+  __syncthreads();
+  {  // the rows' partials W_UV[n, slice] · o_lat[slice]: the thread's chunk, then the row's cpb lanes
+    float x[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) x[e] = ol[q * E + e];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      int const n = rg + G * i;
+      if (i * G >= d.v) break;  // uniform: no thread of the block has a row here
+      float dot = 0.f;
+      if (n < d.v) {
+        float f[E];
+        D::decode(w[i], f);
+#pragma unroll
+        for (int e = 0; e < E; ++e) dot = fmaf(f[e], x[e], dot);
+        dot *= sc[i];
+      }
+      for (int o = 1; o < cpb; o <<= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+      if (q == 0 && n < d.v) po[n] = dot;
+    }
+  }
+  cluster.sync();  // every block's partials
+  for (int n = n0; n < n1; n += NT) {
+    float v = 0.f;
+    for (int b = 0; b < C; ++b) v += cluster.map_shared_rank(po, b)[n];
+    std::int64_t const idx = std::int64_t(h) * d.v + n;
+    float const g = gate_mode == 1 || n == n0 ? g0 : gate_mode == 2 ? gate[idx] : 0.f;
+    out[idx] = v * (gate_mode == 0 ? 1.f : dev::sigmoidf_(g));
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
 // The launches after the projections; out [H·dv] goes to the dense matvec. kernel kMlaShortKernel: the short-context
 // chain in one launch (mla_short_kernel: the caller guarantees position + 1 ≤ kMlaShortMaxLen), where it fits.
 inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode, float* out, cudaStream_t st = nullptr) {
@@ -1282,6 +1417,24 @@ inline void mla_decode(MlaDecodeArgs const& a, float const* gate, int gate_mode,
     }
   }
   check_launch("mla_attend");
+  if (a.combine == 2 && mla_combine_uv_fits(a)) {  // the combine and W_UV in one launch (a trial)
+    ops::dispatch_format(a.kv_b.format, [&](auto f) {
+      constexpr MatFormat F = decltype(f)::value;
+      std::size_t const smem = mla_combine_uv_smem(a.d, MlaChunk<F>::kElems, a.splits);
+      auto const go = [&](auto kern) {
+        ops::allow_smem(kern, smem);
+        check(kernels::launch_cluster_ex(kern, dim3(unsigned(a.d.heads * kMlaCluster)), dim3(kMlaClusterThreads), smem,
+                                         st, unsigned(kMlaCluster), b, gate, gate_mode, out),
+              "mla_combine_uv launch");
+      };
+      if (mla_combine_uv_rows(a.d, MlaChunk<F>::kElems) == 4)
+        go(mla_combine_uv_cluster_kernel<F, 4>);
+      else
+        go(mla_combine_uv_cluster_kernel<F, 8>);
+    });
+    check_launch("mla_combine_uv");
+    return;
+  }
   std::size_t const combine_smem = sizeof(float) * std::size_t(a.splits > 0 ? a.splits : 1);
   bool const wide = a.combine != 1 && a.d.rank % 32 == 0 && reinterpret_cast<std::uintptr_t>(a.part_o) % 16 == 0 &&
                     reinterpret_cast<std::uintptr_t>(a.o_lat) % 16 == 0;
