@@ -48,8 +48,7 @@ struct MlaDecodeArgs {
   int diag = 0;               // measurements only (wrong outputs), swizzled tensor-core kernel: 1 copies only, 2 math only
   int combine = 0;            // the splits' combine: 0 auto (the partial outputs in one round trip, mla_combine_wide_kernel,
                               // when the rank is a multiple of 32 and part_o, o_lat 16-byte aligned; else as 1), 1 a
-                              // thread per column (mla_combine_kernel), 2 the combine and W_UV in one launch of a
-                              // cluster per head (mla_combine_uv_cluster_kernel; where it does not fit, as 0)
+                              // thread per column (mla_combine_kernel)
   // Measurements only (CudaModel's LING_TRACE): the one-launch kernels' per-block timeline (entry, wait exit,
   // midpoint, end; the other kernels ignore it), and where that midpoint is taken: 0 kv_b landed, 1 q̂ complete,
   // 2 scores, 3 o_lat (LING_TRACE_MLA_MID); the cluster chain also 4, its partial outputs, and 5, their cluster

@@ -928,8 +928,7 @@ class CudaModel {
   //  LING_MLA_MIN_CHUNK=n: tokens per attention split at least (A/B of the split size);
   //  LING_MLA_DIAG=1|2: measurements only, wrong outputs (MlaDecodeArgs::diag: the attention's copies only, its math
   //  only); LING_MLA_COMBINE=1: the splits' combine with a thread per column (mla_combine_kernel) instead of the
-  //  partial outputs in one round trip (A/B measurements), =2 the combine and W_UV in one launch (a trial);
-  //  LING_TRACE_MLA_MID=0..3: with LING_TRACE, where the
+  //  partial outputs in one round trip (A/B measurements); LING_TRACE_MLA_MID=0..3: with LING_TRACE, where the
   //  one-launch chain's midpoint mark is taken (MlaDecodeArgs::trace_mid);
   struct MlaEnv {
     int kernel = 0, min_chunk = 0, diag = 0, combine = 0, trace_mid = 0;
