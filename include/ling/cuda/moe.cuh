@@ -782,6 +782,7 @@ bool moe_shapes_ok(MoeWeights<PE, PS> const& w, MoeStep const& step) {
 // requested before the first one is decoded. What depends on no earlier kernel (the shared expert's rows) is copied
 // before the PDL wait.
 inline constexpr int kStreamMaxStages = 4;
+static_assert(kStreamMaxStages <= 32, "launch A: lane k of each warp initializes ring buffer k's barrier");
 // Launch A's tiles: 4 routed gate/up row pairs (MXFP4: 11 KB at hidden 2560) and 2 shared-expert row pairs (FP8: 10 KB).
 // At Ling's shapes that is 1 920 tiles, at most one per warp of 16 warps × 132 blocks, all requested at once (one ring
 // stage each); with 2 and 1 row pairs (3 840 tiles, two stages) a third of the warps decoded two routed tiles one
