@@ -52,7 +52,8 @@ if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
 $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/san-$1-$3.log" | tr -s ' ' | tr '\n' ' ')"
   }
   # LING_SANITIZE_DEADLINE (s from here, default none): runs not started by then are skipped and named, so that a
-  # call under the device tool's limit ends with its summary (keep DEADLINE + TIMEOUT below that limit) (session 62: 31 runs at 10 at once outran 560 s and
+  # call under the device tool's limit ends with its summary (keep DEADLINE + TIMEOUT below that limit);
+  # LING_SANITIZE_FIRST_CASE=k: racecheck of test_cuda_model from its k-th case on (the next call after such a cut) (session 62: 31 runs at 10 at once outran 560 s and
   # every line was lost)
   t_start=$(date +%s)
   started() {  # TAG: 0 if the deadline allows another run
@@ -68,6 +69,7 @@ $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/san-$1-$3.log" | tr -s ' 
         i=0
         while IFS= read -r tc; do
           i=$((i + 1))
+          [ $i -ge "${LING_SANITIZE_FIRST_CASE:-1}" ] || continue  # the cases before it ran in an earlier call
           # a comma separates doctest filters: match it by a wildcard
           if started "san-$tool-$n-$i"; then san $tool "$t" "$n-$i" "${tc//,/*}" & fi
           while [ "$(jobs -rp | wc -l)" -ge "${LING_SANITIZE_JOBS:-8}" ]; do sleep 1; done
