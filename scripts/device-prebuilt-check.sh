@@ -52,9 +52,9 @@ if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
 $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/san-$1-$3.log" | tr -s ' ' | tr '\n' ' ')"
   }
   # LING_SANITIZE_DEADLINE (s from here, default none): runs not started by then are skipped and named, so that a
-  # call under the device tool's limit ends with its summary (keep DEADLINE + TIMEOUT below that limit);
-  # LING_SANITIZE_FIRST_CASE=k: racecheck of test_cuda_model from its k-th case on (the next call after such a cut) (session 62: 31 runs at 10 at once outran 560 s and
-  # every line was lost)
+  # call under the device tool's limit ends with its summary (keep DEADLINE + TIMEOUT below that limit; session 62:
+  # 31 runs at 10 at once outran 560 s and every line was lost). LING_SANITIZE_FIRST_CASE=k: racecheck of
+  # test_cuda_model from its k-th case on (the next call after such a cut).
   t_start=$(date +%s)
   started() {  # TAG: 0 if the deadline allows another run
     if [ -n "${LING_SANITIZE_DEADLINE:-}" ] && [ $(( $(date +%s) - t_start )) -ge "$LING_SANITIZE_DEADLINE" ]; then
