@@ -48,8 +48,11 @@ if [ "${LING_CHECK_SANITIZE:-1}" = all ]; then
       "${SAN_ARGS[@]}" --error-exitcode 9 "$2" ${4:+"-tc=$4"} >"$OUT/san-$1-$3.log" 2>&1)
     echo "rc=$?" >>"$OUT/san-$1-$3.log"
     # its line on stdout now: the device tool returns at most 8 files, and a call cut by its limit prints no summary
-    echo "san-$1-$3 $(tail -1 "$OUT/san-$1-$3.log") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$1-$3.log" | head -1) \
-$(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/san-$1-$3.log" | tr -s ' ' | tr '\n' ' ')"
+    san_line "$OUT/san-$1-$3.log"
+  }
+  san_line() {  # LOG: a run's line (its tag, exit, the tool's summary, doctest's counts)
+    echo "$(basename "$1" .log) $(tail -1 "$1") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$1" | head -1) \
+$(grep -E '^\[doctest\] (test cases|assertions)' "$1" | tr -s ' ' | tr '\n' ' ')"
   }
   # LING_SANITIZE_DEADLINE (s from here, default none): runs not started by then are skipped and named, so that a
   # call under the device tool's limit ends with its summary (keep DEADLINE + TIMEOUT below that limit; session 62:
@@ -82,8 +85,7 @@ $(grep -E '^\[doctest\] (test cases|assertions)' "$OUT/san-$1-$3.log" | tr -s ' 
   done
   wait
   for f in "$OUT"/san-*.log; do
-    summary+=("$(basename "$f" .log) $(tail -1 "$f") $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$f" | head -1) \
-$(grep -E '^\[doctest\] (test cases|assertions)' "$f" | tr -s ' ' | tr '\n' ' ')")
+    summary+=("$(san_line "$f")")
   done
 elif [ -x "$B/tests/cuda_model/test_cuda_kernels" ] && [ "${LING_CHECK_SANITIZE:-1}" != 0 ]; then
   for tool in memcheck racecheck; do
