@@ -132,7 +132,7 @@ if [ $BENCH = 1 ]; then
     "$b" --benchmark_min_time=0.2 ${LING_BENCH_FILTER:+--benchmark_filter="$LING_BENCH_FILTER"} >"$OUT/bench-$name.log" 2>&1
     note "bench $name: rc=$?"
   done
-  # probes (answered in sessions 20, 21, 28, 29 and 31, docs/performance.md): with LING_PROBES=1, region_chain, ring_chain,
+  # probes (answered in sessions 20, 21, 28, 29 and 31, docs/perf-log.md): with LING_PROBES=1, region_chain, ring_chain,
   # tma_box, matvec_wg, wgmma_rate, sm_service, moe_pattern, select_chain, tile_landing and wgmma_decode; LING_PROBE_LIST
   # names the probes to run instead (session 33's split_sums and flag_chain are run only that way)
   for p in ${LING_PROBE_LIST:-${LING_PROBES:+region_chain ring_chain tma_box matvec_wg wgmma_rate sm_service moe_pattern \
@@ -154,7 +154,7 @@ if [ $BENCH = 1 ]; then
     for v in ${LING_CTX0_VARIANTS-}; do variant_bench "$v" 0; done
     # A/B at every context, in the same format; by default session 23's MLA attention and combine (kernel 3, a thread
     # per column) and two tiles per pass with Q̂'s loads first (kernel 6) against the default, two rounds
-    # (docs/performance.md, session 24)
+    # (docs/perf-log.md, session 24)
     MV="LING_MLA_KERNEL=3,LING_MLA_COMBINE=1 LING_MLA_KERNEL=6 X=1"
     for v in ${LING_LONG_VARIANTS-$MV $MV}; do variant_bench "$v" 0,4096,32768,131072; done
     # step timelines of launch A (LING_TRACE_VARIANTS, same format, none by default; each with LING_TRACE_MOEA=5, the

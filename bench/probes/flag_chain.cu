@@ -1,5 +1,5 @@
 // Probe: the boundary between two dependent launches, as PDL's griddepcontrol.wait sees it, against a flag the
-// producer's blocks raise themselves (docs/performance.md session 33, next steps). Every launch of the step waits for
+// producer's blocks raise themselves (docs/perf-log.md session 33, next steps). Every launch of the step waits for
 // the launch before it with griddepcontrol.wait, which returns once the whole producer grid has completed and its
 // memory is flushed: the step timeline puts that 1.1-2.3 µs after the producer's last block ended, for each of the
 // ~230 boundaries of a token. Here a chain of launches, each block reading one value every block of the launch before

@@ -1,4 +1,4 @@
-// Probe: does a small load wait behind its SM's bulk copies in flight, or behind every SM's? (docs/performance.md,
+// Probe: does a small load wait behind its SM's bulk copies in flight, or behind every SM's? (docs/perf-log.md,
 // session 43: with MoE launch A's guessed tiles copied early, its selection ended ~6 µs later, about the early bytes'
 // DRAM time; the grid barrier's poll and the selection's logit loads are small loads issued after the copies.)
 //

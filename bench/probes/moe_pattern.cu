@@ -1,4 +1,4 @@
-// Probe: does MoE launch B's access pattern cost DRAM time by itself? (docs/performance.md, session 20: launch B takes
+// Probe: does MoE launch B's access pattern cost DRAM time by itself? (docs/perf-log.md, session 20: launch B takes
 // ~5 µs from its staged input to its end for ~8 MB of routed rows requested at once, where region_chain streams 10.4 MB
 // of contiguous rows with the same dependence at a marginal 3.5 µs.)
 //

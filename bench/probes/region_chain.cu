@@ -1,7 +1,7 @@
 // Probe: what a decode layer's chain of dependent regions costs as one launch per region (PDL, as the model runs it)
 // against one persistent launch whose regions are separated by grid-wide barriers, at the bytes of a KDA layer.
 //
-// Why (docs/performance.md, session 19): every region of the step ends in a launch boundary of 1-3 µs and starts with
+// Why (docs/perf-log.md, session 19): every region of the step ends in a launch boundary of 1-3 µs and starts with
 // a latency chain, and neither fewer instructions nor bytes requested before the PDL wait shortened the regions. A
 // persistent launch per layer replaces each boundary by a grid barrier and lets a warp request the next region's
 // weights as soon as its own part of this region is done. This probe measures that trade without the model's math:

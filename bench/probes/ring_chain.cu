@@ -1,7 +1,7 @@
 // Probe: whether weight streams that run ahead of a decode layer's dependences pass the chain of PDL launches
-// (docs/kernels.md "A persistent step with a shared-memory weight ring"; docs/performance.md, session 31).
+// (docs/kernels.md "A persistent step with a shared-memory weight ring"; docs/perf-log.md, session 31).
 //
-// Why (docs/performance.md, sessions 6 and 20): a step of dependent launches stops at ~77% of the roofline even with
+// Why (docs/perf-log.md, sessions 6 and 20): a step of dependent launches stops at ~77% of the roofline even with
 // ideal kernels, because each launch starts its reads only once the one before it ends (region_chain: 29.7 µs per KDA
 // layer's 101 MB as PDL launches, 22.4 with no dependences at all). The weights do not depend on the region before
 // them, so they can stream across the dependence if something holds them: here, rings of shared memory. Printed:

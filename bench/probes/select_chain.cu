@@ -1,5 +1,5 @@
 // Probe: how long does MoE launch A's expert selection take by itself, warm, and how long are the steps it is made of?
-// (docs/performance.md, session 28: launch A's selection took ~2.6 µs after its grid barrier, and a second pass over
+// (docs/perf-log.md, session 28: launch A's selection took ~2.6 µs after its grid barrier, and a second pass over
 // the same code, warm, took ~2.4 µs, so its time is its chain, not instruction fetch.)
 //
 // One block of 512 threads per SM (Ling's shape: 512 experts in 8 groups of 64, 4 groups kept, top-8, bias, scores

@@ -1,4 +1,4 @@
-// Probe: do some SMs get their bytes later than others? (docs/performance.md, session 18's item 2: the KDA projections'
+// Probe: do some SMs get their bytes later than others? (docs/perf-log.md, session 18's item 2: the KDA projections'
 // blocks end over ~5 µs, and neither a dynamic nor a warp-major row order shortened that.)
 //
 // One launch of 3 blocks × 8 warps per SM streams 52.5 MB of 2560-byte rows (the projections' bytes and access pattern:

@@ -1,5 +1,5 @@
 // Probe: what split sums cost in a chain of dependent launches (the router split of sessions 33-35, measured slower
-// and removed in session 36; docs/performance.md sessions 33-35). A producer launch's G blocks each add N 64-bit
+// and removed in session 36; docs/perf-log.md sessions 33-35). A producer launch's G blocks each add N 64-bit
 // fixed-point partial sums, one RED per value, to N accumulators `stride` 8-byte words apart (block 0 also zeroes the
 // other buffer), and the next launch reads all N right after its PDL wait, as launch A read the router's sums. µs per
 // producer + consumer pair, 40 pairs per graph (best of 7 × 10 replays):

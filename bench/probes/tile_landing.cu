@@ -1,5 +1,5 @@
 // Probe: when do MoE launch A's routed tiles land, and how long does their decode take once they have?
-// (docs/performance.md, sessions 16-28: in launch A's step timeline the block's last tile lands ~10.3 µs after the last
+// (docs/perf-log.md, sessions 16-28: in launch A's step timeline the block's last tile lands ~10.3 µs after the last
 // PDL wait exit and the block ends ~4 µs later; without the routed decode (LING_MOE_DIAG_A=2) the step is 0.153 ms
 // shorter, 3.8 µs per MoE layer. Is that tail the decode's own time, or do the tiles land together at the end?)
 //
@@ -22,7 +22,7 @@
 // Printed per mode, medians over the 35 × 132 blocks of µs after the launch's first issue: the block's first, median
 // and last tile landed, the block's last decode done; the decode's time per warp (its end − its landing); and how
 // often two tiles of a block land in the order their copies were issued.
-// Measured (H200, 2026-12-04, docs/performance.md session 29): issued together, a block's tiles land together at the
+// Measured (H200, 2026-12-04, docs/perf-log.md session 29): issued together, a block's tiles land together at the
 // end (first 4.0, last 4.5 µs; in order 50%) and the decode ends at 7.8; issued in order (one issuer, or paced 300-600
 // cycles apart) they land in order (94-99%) from 1.1-1.7 µs on, the last at the same 4.4-4.5, and the decode ends at
 // 6.6 (6.3-6.4 unrolled). The decode of 12 tiles together takes 3.65 µs, of one tile alone 1.9: launch A's routed

@@ -1,5 +1,5 @@
 // Probe: can FP8 wgmma decode MoE launch A's routed tiles faster than the SM's integer pipes do now?
-// (docs/performance.md, session 29: a block's 12 routed tiles of 4 row pairs × 2560 MXFP4 columns take 3.65 µs to
+// (docs/perf-log.md, session 29: a block's 12 routed tiles of 4 row pairs × 2560 MXFP4 columns take 3.65 µs to
 // decode together, warm (bench/probes/tile_landing, "warm, 12 warps"): ~37 warp instructions per 512 weights, mostly
 // the E2M1 lookups (PRMT) and the DP4As against the input's int8 limbs.)
 //

@@ -1,6 +1,6 @@
 // Probe: the cost of one FP8 wgmma m64nNk32 with both operands in shared memory (K-major, 128-byte swizzle), by N,
 // in SM cycles: a chain on one accumulator set, with at most two groups of four in flight (as matvec_wg runs them),
-// and with each group awaited before the next (its latency). Why (docs/performance.md, session 31): matvec_wg's
+// and with each group awaited before the next (its latency). Why (docs/perf-log.md, session 31): matvec_wg's
 // slots measured ~60 cycles per m64n8k32 and ~112 per m64n16k32, so a weight byte costs the tensor core far more
 // than its share of the peak rate. With the weights as B (N = rows of W, m64nNk32, A = the input's limbs) one wgmma
 // takes N × 32 bytes of weights instead of 64 × 32: worth it if the cost grows more slowly than N.

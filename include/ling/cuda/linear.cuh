@@ -413,7 +413,7 @@ inline bool pdl_enabled() {
 
 // Launches `kernel` with programmatic stream serialization (PDL) when enabled and `st` is not the legacy stream; with
 // clusters of `cluster` blocks along x when cluster > 0 (the grid a multiple of it).
-// Measured and removed (session 49, docs/performance.md): a preferred shared-memory carveout for every kernel
+// Measured and removed (session 49, docs/perf-log.md): a preferred shared-memory carveout for every kernel
 // launched here (LING_CARVEOUT), so that no SM changes its L1/shared split between launches. At 100% (the largest
 // shared memory) 2.571 against 2.533 ms/token (H100): launch A's last wait exit 0.33-0.42 µs earlier, but the KDA
 // projections 1.4 µs longer; with the lane matvecs left at the driver's choice 2.563 against 2.524; at 0% 2.781.

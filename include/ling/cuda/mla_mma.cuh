@@ -70,7 +70,7 @@ inline bool mla_mma_supported(MlaDims const& d) {
 // Shared memory: Q̂ (bf16, read once into registers; its region then holds the partial scores), the tile ring, P and
 // the rescale factors: 189.6 KB at Ling's shape. Kept under ~196 KB on purpose: a launch that needs more makes the SM
 // take its largest shared-memory carveout, which measured +0.04 ms per token at context 0 (the partial scores in
-// their own 18 KB region) through the launches that follow (docs/performance.md, sessions 10 and 12).
+// their own 18 KB region) through the launches that follow (docs/perf-log.md, sessions 10 and 12).
 // Bytes of the first region: Q̂ in bf16 rows of Lp, then the four quarters' partial scores.
 LING_HOST_DEVICE inline int mla_mma_q_bytes(int Lp, int tiles_per_pass = 1) {
   int const qb = 2 * kMmaHeads * Lp, sb = 4 * 4 * kMmaHeads * mla_mma_sp(tiles_per_pass);
@@ -111,12 +111,12 @@ inline std::size_t mla_mma_smem(MlaDims const& d, int tiles_per_pass = 1) {
 // the kMlaStages buffers hold the pass's two tiles and the next pass's two, so tiles are requested one pass ahead
 // (all four before the first pass) instead of three tiles ahead, and a split's last pass may hold one tile.
 // Measured (H200, 2026-12-03, 3 reps, alternated with kernel 3, two rounds): 2.308 / 2.350 / 2.505 / 2.733 against
-// 2.306 / 2.354 / 2.505 / 2.755 ms/token at contexts 0 / 4096 / 32768 / 131072 (docs/performance.md, session 24).
+// 2.306 / 2.354 / 2.505 / 2.755 ms/token at contexts 0 / 4096 / 32768 / 131072 (docs/perf-log.md, session 24).
 // kQFirst (the automatic choice since session 24, MlaDecodeArgs::kernel 0 or 5; 6 = 4 with it): every Q̂ load of
 // a thread (18 float4 at Ling's shape) is issued before the tile copies, and all at once. ncu of the default at context
 // 32768 (session 23) put 17% of the kernel's stall samples on the first use of Q̂'s first batch of loads: three
 // batches of 6, each requested after the ~110 KB of tile copies of the block's first three tiles, which an SM serves
-// first (docs/performance.md, session 21: an SM's loads are served in the order it requests them). Measured (H200,
+// first (docs/perf-log.md, session 21: an SM's loads are served in the order it requests them). Measured (H200,
 // 2026-12-03, 3 reps, alternated, two rounds, ms/token at contexts 0 / 4096 / 32768 / 131072): 2.302 / 2.341 / 2.495 /
 // 2.741 against 2.306 / 2.354 / 2.505 / 2.755 for kernel 3; with two tiles per pass (kernel 6) 2.324 / 2.353 / 2.496 /
 // 2.722: the fastest at 131072, the slowest at 0.

@@ -629,7 +629,7 @@ class CudaModel {
   // down), `experts` (the forced experts' gate and up; needs LING_FORCE_EXPERTS), `edown` (their down).
   // LING_AHEAD_EARLY=1: the blocks request them without waiting for the projections. Outputs are unchanged by
   // LING_AHEAD (a prefetch changes no value). The question it answers: how much would launch A and B gain if the
-  // routing were known a launch ahead (docs/performance.md, session 41's item 5).
+  // routing were known a launch ahead (docs/perf-log.md, session 41's item 5).
   void setup_ahead() {
     auto const parts = [](char const* e) {
       std::vector<std::string> v;

@@ -788,7 +788,7 @@ static_assert(kStreamMaxStages <= 32, "launch A: lane k of each warp initializes
 // stage each); with 2 and 1 row pairs (3 840 tiles, two stages) a third of the warps decoded two routed tiles one
 // after the other, and each tile paid its copy and setup instructions. Measured on the H200 (2026-12-02, context 0,
 // session 13's code with only this change, alternated with it in one process): 2.534 against 2.545 ms per token
-// (docs/performance.md, session 14).
+// (docs/perf-log.md, session 14).
 inline constexpr int kStreamRowsA = 4;
 inline constexpr int kStreamSharedRowsA = 2;
 
@@ -1308,7 +1308,7 @@ inline int moe_stream_stage_cap() {
   return n >= 1 ? n : kStreamMaxStages;
 }
 // LING_MOE_DIAG_A=1|2|3|4 (measurements only: wrong outputs): launch A's default streamed kernel (16 warps, either
-// lookup; other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/performance.md,
+// lookup; other settings ignore it) decodes half of each routed row's chunks (1) or none (2); docs/perf-log.md,
 // session 20's next step 1. With the biased lookup and fused routing: fixed picks instead of the selection (3), and no
 // router dots or grid barrier either (4); session 25's next step 1.
 // =7: the two-pass ranked selection (router_select_block inline, session 27's default; outputs correct), for A/B
@@ -1534,7 +1534,7 @@ __host__ __device__ constexpr std::size_t lane_smem_bytes(std::int64_t n_sh, int
 // stage_q8_global), the shared expert's input (one float4 per thread, as stage_x4) and the picks (as stage_down_slots)
 // are all requested before any is used, instead of one L2 round trip per part (the same values, so the same bits).
 // Launch B's staging took 1.47 instead of 2.08 µs after its wait and the step 2.364 instead of 2.384 ms per token
-// (H200, 2026-12-03, context 0, alternated in one process; docs/performance.md, session 21). Needs nq · 8 ≤ kB ·
+// (H200, 2026-12-03, context 0, alternated in one process; docs/perf-log.md, session 21). Needs nq · 8 ≤ kB ·
 // threads, the shared input ≤ 4 · threads and 16-byte aligned; returns false (nothing done) otherwise.
 __device__ __forceinline__ bool stage_down_lane_once(float* xs, DownSlots& sl, int2* q, float* sx, float const* __restrict__ h,
                                                      MoeArgs const& a, int nq, std::int64_t n_sh) {
