@@ -1,8 +1,11 @@
 // runtime::Session over tests/data/ling-a-bf16: a static spec (every dimension a compile-time constant) and the
 // dynamic one give identical logits; static specs refuse configs that differ (the error names the key); token ids
-// out of range and context overflow are errors that leave the caches untouched; snapshot/restore of all caches.
+// out of range and context overflow are errors that leave the caches untouched; snapshot/restore of all caches;
+// decode_all and rewind (speculative decoding's verification).
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -175,4 +178,81 @@ TEST_CASE("snapshot and restore cover every cache (KDA states, conv windows, MLA
   CHECK(std::equal(xv.begin(), xv.end(), y.begin()));
   // A snapshot of another session is refused.
   CHECK(code_of([&] { other.restore(snap); }) == ErrorCode::kInvalidArgument);
+}
+
+namespace {
+double rel_l2(std::span<float const> a, std::span<float const> b) {
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
+}
+std::vector<float> copy(std::span<float const> s) { return {s.begin(), s.end()}; }
+}  // namespace
+
+TEST_CASE("decode_all feeds tokens on the decode path; rewind drops the last ones from every cache") {
+  std::int64_t const V = 512;
+  auto toks = prompt(30);
+  std::vector<std::int32_t> const seq{4, 8, 15, 16};
+  // the reference: one token at a time
+  auto ref = runtime::Session::open(kDir);
+  ref.prefill(toks);
+  std::vector<std::vector<float>> one;
+  for (auto t : seq) one.push_back(copy(ref.decode(t)));
+
+  auto s = runtime::Session::open(kDir);
+  s.prefill(toks);
+  auto snap = s.snapshot();
+  // several tokens at once: each row as fed alone (the products round differently with two rows, so not bit for bit)
+  auto all = copy(s.decode_all(std::span(seq).first(3), true));
+  REQUIRE(all.size() == std::size_t(3 * V));
+  for (std::size_t i = 0; i < 3; ++i) CHECK(rel_l2(std::span(all).subspan(i * V, V), one[i]) < 1e-4);
+  CHECK(s.position() == 33);
+  CHECK(s.last_hidden().size() == std::size_t(3 * 64));
+  // the checkpoints change nothing: the same call without them gives the same bits
+  auto plain = runtime::Session::open(kDir);
+  plain.prefill(toks);
+  CHECK(copy(plain.decode_all(std::span(seq).first(3))) == all);
+
+  // drop the last two (every KDA state, conv window and MLA latent cache back to after token 4), then go on
+  auto h0 = std::vector<float>(s.last_hidden().begin(), s.last_hidden().begin() + 64);
+  s.rewind(2);
+  CHECK(s.position() == 31);
+  CHECK(copy(s.last_hidden()) == h0);
+  CHECK(rel_l2(s.decode(8), one[1]) < 1e-4);
+  CHECK(rel_l2(s.decode(15), one[2]) < 1e-4);
+  CHECK(rel_l2(s.decode(16), one[3]) < 1e-4);
+
+  // drop one of two, then a second rewindable call from there
+  s.restore(snap);
+  s.decode_all(std::span(seq).first(2), true);
+  s.rewind(1);
+  auto rows = copy(s.decode_all(std::span(seq).subspan(1, 3), true));
+  for (std::size_t i = 0; i < 3; ++i) CHECK(rel_l2(std::span(rows).subspan(i * V, V), one[i + 1]) < 1e-4);
+  s.rewind(0);  // nothing dropped
+  CHECK(s.position() == 34);
+
+  // rewind only right after a rewindable decode_all, by fewer tokens than it fed
+  std::string what;
+  CHECK(code_of([&] { s.rewind(1); }, &what) == ErrorCode::kInvalidArgument);  // already used: rewind(0) ended it
+  CHECK(what.find("decode_all") != std::string::npos);
+  s.restore(snap);
+  s.decode_all(std::span(seq).first(2), true);
+  CHECK(code_of([&] { s.rewind(2); }, &what) == ErrorCode::kInvalidArgument);
+  CHECK(code_of([&] { s.rewind(-1); }) == ErrorCode::kInvalidArgument);
+  s.decode(23);
+  CHECK(code_of([&] { s.rewind(1); }) == ErrorCode::kInvalidArgument);
+  s.decode_all(std::span(seq).first(2));  // not rewindable
+  CHECK(code_of([&] { s.rewind(1); }) == ErrorCode::kInvalidArgument);
+  s.decode_all(std::span(seq).first(2), true);
+  s.reset();
+  CHECK(code_of([&] { s.rewind(1); }) == ErrorCode::kInvalidArgument);
+  // a bad id fails before any cache changes, and leaves nothing to rewind
+  s.prefill(toks);
+  std::vector<std::int32_t> const bad{4, 9999};
+  CHECK(code_of([&] { s.decode_all(bad, true); }) == ErrorCode::kInvalidArgument);
+  CHECK(s.position() == 30);
+  CHECK(code_of([&] { s.rewind(1); }) == ErrorCode::kInvalidArgument);
 }

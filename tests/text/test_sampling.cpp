@@ -153,6 +153,51 @@ TEST_CASE("sampling: draw frequencies match the distribution; same seed, same dr
   CHECK(da != dc);
 }
 
+TEST_CASE("sampling: verify keeps the distribution whatever the draft; accepts with the draft's probability") {
+  auto probs = log_of({0.05, 0.5, 0.15, 0.3, 0.0001});
+  for (auto params : {with(1.0f, 0, 1.0f, 0.0f), with(0.7f, 3, 1.0f, 0.0f), with(1.0f, 0, 0.9f, 0.0f)}) {
+    params.seed = 11;
+    Sampler s(params);
+    auto d = s.distribution(probs, {});
+    std::vector<double> p(5, 0.0);
+    for (auto const& c : d) p[static_cast<std::size_t>(c.id)] = c.p;
+    for (std::int32_t draft : {1, 3, 0, 4}) {  // likely, second, filtered out by top-k 3, all but excluded
+      CAPTURE(draft);
+      std::vector<int> count(5, 0);
+      int accepted = 0;
+      int const n = 60000;
+      for (int i = 0; i < n; ++i) {
+        auto v = s.verify(probs, {}, draft);
+        ++count[static_cast<std::size_t>(v.token)];
+        if (v.accepted) {
+          ++accepted;
+          CHECK(v.token == draft);
+        } else {
+          CHECK(v.token != draft);
+        }
+      }
+      for (std::size_t id = 0; id < 5; ++id) {
+        double const sigma = std::sqrt(p[id] * (1 - p[id]) / n);
+        CHECK(std::abs(count[id] / double(n) - p[id]) <= 5 * sigma + 1e-9);
+      }
+      double const sa = std::sqrt(p[std::size_t(draft)] * (1 - p[std::size_t(draft)]) / n);
+      CHECK(std::abs(accepted / double(n) - p[std::size_t(draft)]) <= 5 * sa + 1e-9);
+    }
+  }
+  // greedy: the argmax, accepted exactly when it is the draft; penalties apply as in sample()
+  Sampler g(with(0.0f, 0, 1.0f, 0.0f));
+  CHECK(g.verify(probs, {}, 1).token == 1);
+  CHECK(g.verify(probs, {}, 1).accepted);
+  CHECK_FALSE(g.verify(probs, {}, 3).accepted);
+  CHECK(g.verify(probs, {}, 3).token == 1);
+  auto pen = with(0.0f, 0, 1.0f, 0.0f);
+  pen.repetition_penalty = 100.0f;  // log(0.5) < 0 becomes ·100: token 1 falls below token 3
+  Sampler gp(pen);
+  std::vector<std::int32_t> hist{1};
+  CHECK(gp.verify(probs, hist, 3).token == gp.sample(probs, hist));
+  CHECK(gp.verify(probs, hist, 3).accepted);
+}
+
 TEST_CASE("sampling: bad parameters are errors") {
   CHECK_THROWS_AS(Sampler(with(1.0f, -1, 1.0f, 0.0f)), ling::Error);
   CHECK_THROWS_AS(Sampler(with(1.0f, 0, 0.0f, 0.0f)), ling::Error);

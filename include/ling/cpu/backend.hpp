@@ -12,6 +12,8 @@
 
 namespace ling::cpu {
 
+struct KdaState;  // cpu/kda.hpp
+
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Vector = Eigen::VectorXf;
 using RowVector = Eigen::RowVectorXf;
@@ -24,6 +26,10 @@ struct Backend {
   // Smallest Routing::margin of every token routed since the owner last reset it (runtime::Session resets it at each
   // prefill/decode): tells a comparison against another engine when a different expert choice is legitimate.
   float min_routing_margin = std::numeric_limits<float>::infinity();
+  // When set, the recurrent KDA layers of a T-token forward append their state after each of its first T - 1 tokens
+  // here (layer by layer, token by token), so the owner can put a layer back to any earlier token of that call
+  // (runtime::Session::rewind, for speculative decoding: a KDA state cannot be rewound otherwise, spec §2).
+  std::vector<KdaState>* kda_checkpoints = nullptr;
 };
 
 // Elementwise activations (own namespace: cpu/short_conv.hpp defines its own cpu::silu).

@@ -10,7 +10,7 @@ namespace ling::cpu {
 enum class KdaForm { kChunked, kRecurrent };
 
 template <std::int64_t kH, std::int64_t kN, std::int64_t kK, class P>
-void kda_mixer_forward(Backend&, layers::KdaMixer<kH, kN, kK, P> const& l, KdaState& st, ConstMatrixRef x, Matrix& y,
+void kda_mixer_forward(Backend& be, layers::KdaMixer<kH, kN, kK, P> const& l, KdaState& st, ConstMatrixRef x, Matrix& y,
                        KdaForm form) {
   auto const& c = l.config;
   auto const& w = l.weights;
@@ -32,8 +32,15 @@ void kda_mixer_forward(Backend&, layers::KdaMixer<kH, kN, kK, P> const& l, KdaSt
   auto const cw = w.core();
   if (form == KdaForm::kChunked)
     kda_forward_chunked(core, cw, st, T, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), o.data());
-  else
+  else if (!be.kda_checkpoints || T == 1)
     kda_forward_recurrent(core, cw, st, T, q.data(), k.data(), v.data(), f.data(), b.data(), g.data(), o.data());
+  else  // token by token (the same recurrence), keeping the state after each of the first T - 1
+    for (std::int64_t t = 0; t < T; ++t) {
+      std::int64_t const r = t * width, rb = t * c.heads();
+      kda_forward_recurrent(core, cw, st, 1, q.data() + r, k.data() + r, v.data() + r, f.data() + r, b.data() + rb,
+                            g.data() + r, o.data() + r);
+      if (t + 1 < T) be.kda_checkpoints->push_back(st);
+    }
   linear(w.o_proj, o, y);
 }
 

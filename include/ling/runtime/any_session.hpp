@@ -1,6 +1,8 @@
 #pragma once
 // AnySession: a type-erased LogitSession, so that code choosing a backend at run time (the `ling` command line:
-// CPU or CUDA) drives one Generator<AnySession>. Wraps any session by value (move) and forwards the five calls.
+// CPU or CUDA) drives one Generator<AnySession>. Wraps any session by value (move) and forwards the five calls, and
+// the calls of speculative decoding where the wrapped session has them (SpeculativeSession; else has_mtp() is false
+// and they fail with kUnsupported).
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -24,6 +26,18 @@ class AnySession {
   std::int64_t vocab_size() const { return impl_->vocab_size(); }
   std::string const& backend() const noexcept { return backend_; }
 
+  std::span<float const> decode_all(std::span<std::int32_t const> tokens, bool rewindable = false) {
+    return impl_->decode_all(tokens, rewindable);
+  }
+  void rewind(std::int64_t n) { impl_->rewind(n); }
+  std::span<float const> last_hidden() const { return impl_->last_hidden(); }
+  std::span<float const> mtp_logits(std::span<float const> h, std::span<std::int32_t const> next,
+                                    std::int64_t position) {
+    return impl_->mtp_logits(h, next, position);
+  }
+  bool has_mtp() const { return impl_->has_mtp(); }
+  std::int64_t mtp_position() const { return impl_->mtp_position(); }
+
   // The wrapped session, when its type is known (nullptr otherwise).
   template <class S>
   S* get() noexcept {
@@ -39,6 +53,12 @@ class AnySession {
     virtual void reset() = 0;
     virtual std::int64_t position() const = 0;
     virtual std::int64_t vocab_size() const = 0;
+    virtual std::span<float const> decode_all(std::span<std::int32_t const>, bool) = 0;
+    virtual void rewind(std::int64_t) = 0;
+    virtual std::span<float const> last_hidden() const = 0;
+    virtual std::span<float const> mtp_logits(std::span<float const>, std::span<std::int32_t const>, std::int64_t) = 0;
+    virtual bool has_mtp() const = 0;
+    virtual std::int64_t mtp_position() const = 0;
   };
   template <class S>
   struct Model final : Concept {
@@ -48,6 +68,35 @@ class AnySession {
     void reset() override { session.reset(); }
     std::int64_t position() const override { return session.position(); }
     std::int64_t vocab_size() const override { return session.vocab_size(); }
+    static constexpr bool kSpec = SpeculativeSession<S>;
+    [[noreturn]] static void no_spec_() {
+      fail(ErrorCode::kUnsupported, "this session cannot verify drafts (speculative decoding needs the CPU session)");
+    }
+    std::span<float const> decode_all(std::span<std::int32_t const> t, bool r) override {
+      if constexpr (kSpec) return session.decode_all(t, r);
+      else no_spec_();
+    }
+    void rewind(std::int64_t n) override {
+      if constexpr (kSpec) session.rewind(n);
+      else no_spec_();
+    }
+    std::span<float const> last_hidden() const override {
+      if constexpr (kSpec) return session.last_hidden();
+      else no_spec_();
+    }
+    std::span<float const> mtp_logits(std::span<float const> h, std::span<std::int32_t const> next,
+                                      std::int64_t position) override {
+      if constexpr (kSpec) return session.mtp_logits(h, next, position);
+      else no_spec_();
+    }
+    bool has_mtp() const override {
+      if constexpr (kSpec) return session.has_mtp();
+      else return false;
+    }
+    std::int64_t mtp_position() const override {
+      if constexpr (kSpec) return session.mtp_position();
+      else return 0;
+    }
     S session;
   };
   std::unique_ptr<Concept> impl_;
@@ -55,5 +104,6 @@ class AnySession {
 };
 
 static_assert(LogitSession<AnySession>);
+static_assert(SpeculativeSession<AnySession>);
 
 }  // namespace ling::runtime

@@ -97,6 +97,41 @@ class Sampler {
     return cand.back().id;  // u within rounding of 1
   }
 
+  // Speculative decoding's acceptance rule for a draft token proposed without a distribution of its own (the MTP
+  // head's argmax, a one-hot proposal). Greedy: the argmax, accepted when it is the draft. Otherwise the draft is
+  // accepted with its probability p(draft) under this sampler's distribution (every filter applied); on rejection the
+  // token is drawn from that distribution without the draft. So P(token = x) = p(x) for every x: the same
+  // distribution as sample(), whatever the draft (it only changes how many tokens a verification step yields).
+  struct Verdict {
+    std::int32_t token = -1;
+    bool accepted = false;
+  };
+  Verdict verify(std::span<float const> logits, std::span<std::int32_t const> history, std::int32_t draft) {
+    prepare_(logits, history);
+    if (params_.temperature <= 0.0f) {
+      std::int32_t const t = argmax_();
+      return {t, t == draft};
+    }
+    auto cand = filtered_();
+    double pd = 0;
+    for (auto const& c : cand)
+      if (c.id == draft) pd = c.p;
+    double const u = uniform_();
+    if (u < pd) return {draft, true};
+    // u is uniform on [pd, 1): rescaled, it draws from the candidates without the draft
+    double const v = u - pd;
+    double acc = 0;
+    std::int32_t last = -1;
+    for (auto const& c : cand) {
+      if (c.id == draft) continue;
+      acc += c.p;
+      last = c.id;
+      if (v < acc) return {c.id, false};
+    }
+    // v within rounding of the rest's mass: the last other candidate, or the draft when it held all of it
+    return last >= 0 ? Verdict{last, false} : Verdict{draft, true};
+  }
+
  private:
   void prepare_(std::span<float const> logits, std::span<std::int32_t const> history) {
     if (logits.empty()) fail(ErrorCode::kInvalidArgument, "sampling: empty logits");

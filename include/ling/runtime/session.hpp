@@ -5,6 +5,8 @@
 //   prefill(tokens)    -> logits of the last position [V]     (chunked KDA, naive MLA)
 //   prefill_all(tokens)-> logits of every position [T·V]
 //   decode(token)      -> logits [V]                          (recurrent KDA, absorbed MLA)
+//   decode_all(tokens, rewindable) -> logits of every position [T·V] on the decode path; rewind(n) then drops the
+//                         last n of those tokens (speculative decoding's verification step)
 //   mtp_logits(h, next, position) / mtp_after(next) -> MTP logits (spec §2 MTP)
 //   snapshot() / restore(), reset()
 //   routing_margin()   -> smallest MoE routing boundary gap of the last prefill/decode (layers::Routing::margin)
@@ -18,6 +20,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "ling/core/error.hpp"
@@ -42,7 +46,10 @@ namespace detail {
 class Engine {
  public:
   virtual ~Engine() = default;
-  virtual void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits) = 0;
+  // rewindable: keep what rewind() needs to drop any of the last T - 1 tokens afterwards
+  virtual void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits,
+                       bool rewindable = false) = 0;
+  virtual void rewind(std::int64_t n) = 0;
   virtual void mtp(cpu::ConstMatrixRef h, std::span<std::int32_t const> next, std::int64_t position, cpu::Phase phase) = 0;
   virtual void reset() = 0;
   virtual CacheSnapshot snapshot() const = 0;
@@ -63,7 +70,7 @@ class EngineFor final : public Engine {
   EngineFor(std::shared_ptr<io::Checkpoint const> ckpt, Model model, std::int64_t max_context)
       : ckpt_(std::move(ckpt)), model_(std::move(model)), state_(model_.make_state()), max_context_(max_context) {}
 
-  void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits) override {
+  void forward(std::span<std::int32_t const> tokens, cpu::Phase phase, bool all_logits, bool rewindable) override {
     cpu::ForwardOptions opt{phase, all_logits, max_context_};
     // Validate before touching the caches, so a bad call changes nothing.
     (void)cpu::embed(model_, tokens);
@@ -73,7 +80,49 @@ class EngineFor final : public Engine {
                                        std::to_string(tokens.size()) + " new exceed the maximum context of " +
                                        std::to_string(max_ctx));
     be_.min_routing_margin = std::numeric_limits<float>::infinity();
-    cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
+    rewind_tokens_ = 0;
+    checkpoints_.clear();
+    be_.kda_checkpoints = rewindable ? &checkpoints_ : nullptr;
+    try {
+      cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
+    } catch (...) {
+      be_.kda_checkpoints = nullptr;
+      throw;
+    }
+    be_.kda_checkpoints = nullptr;
+    if (rewindable) rewind_tokens_ = std::int64_t(tokens.size());
+  }
+  // Puts every cache back to where it was n tokens before the end of the last (rewindable) forward: a KDA layer's
+  // state from the checkpoint taken after its token T - n (cpu::Backend::kda_checkpoints), an MLA cache by its
+  // length (its rows past the length are dead), the position; hidden and logits keep their first T - n rows.
+  void rewind(std::int64_t n) override {
+    std::int64_t const T = rewind_tokens_;
+    if (T == 0)
+      fail(ErrorCode::kInvalidArgument, "rewind: the last call was not decode_all(tokens, rewindable = true)");
+    if (n < 0 || n >= T)
+      fail(ErrorCode::kInvalidArgument, "rewind: " + std::to_string(n) + " tokens asked, but the last decode_all fed " +
+                                            std::to_string(T) + " (at most T - 1 can be dropped)");
+    if (n == 0) {
+      rewind_tokens_ = 0;
+      checkpoints_.clear();
+      return;
+    }
+    std::int64_t const keep = T - n;
+    std::size_t kda = 0;
+    for (auto& ls : state_.layers) rewind_layer_(ls, kda, T, keep, n);
+    require(kda * std::size_t(T - 1) == checkpoints_.size(), ErrorCode::kInternal,
+            "rewind: the KDA checkpoints do not match the layers");
+    state_.position -= n;
+    cpu::Matrix h = hidden.topRows(keep);
+    hidden.swap(h);
+    if (logits.rows() == T) {
+      cpu::Matrix l = logits.topRows(keep);
+      logits.swap(l);
+    } else {
+      logits.resize(0, logits.cols());  // the last row only: its position was dropped
+    }
+    rewind_tokens_ = 0;
+    checkpoints_.clear();
   }
   void mtp(cpu::ConstMatrixRef h, std::span<std::int32_t const> next, std::int64_t position, cpu::Phase phase) override {
     // routing_margin() describes the last prefill/decode; the MTP layer's own routing must not lower it.
@@ -81,9 +130,15 @@ class EngineFor final : public Engine {
     cpu::mtp_forward(be_, model_, state_, h, next, position, mtp_logits, phase);
     be_.min_routing_margin = margin;
   }
-  void reset() override { state_ = model_.make_state(); }
+  void reset() override {
+    state_ = model_.make_state();
+    rewind_tokens_ = 0;
+  }
   CacheSnapshot snapshot() const override { return CacheSnapshot(this, state_); }
-  void restore(CacheSnapshot const& s) override { state_ = s.get<typename Model::State>(this); }
+  void restore(CacheSnapshot const& s) override {
+    state_ = s.get<typename Model::State>(this);
+    rewind_tokens_ = 0;
+  }
   std::int64_t position() const override { return state_.position; }
   std::int64_t mtp_position() const override { return state_.mtp ? state_.mtp->length : 0; }
   bool has_mtp() const override { return model_.has_mtp(); }
@@ -96,8 +151,27 @@ class EngineFor final : public Engine {
   std::shared_ptr<io::Checkpoint const> ckpt_;  // the mapped files the weights view
   Model model_;
   typename Model::State state_;
+  // one layer's cache (a variant of the layer kinds, or one kind) put back by n tokens
+  template <class S>
+  void rewind_layer_(S& s, std::size_t& kda, std::int64_t T, std::int64_t keep, std::int64_t n) {
+    if constexpr (requires { s.index(); }) {
+      std::visit([&](auto& alt) { rewind_layer_(alt, kda, T, keep, n); }, s);
+    } else if constexpr (std::is_same_v<S, cpu::KdaState>) {
+      std::size_t const at = kda * std::size_t(T - 1) + std::size_t(keep - 1);
+      require(at < checkpoints_.size(), ErrorCode::kInternal, "rewind: a KDA layer has no checkpoint");
+      s = checkpoints_[at];
+      ++kda;
+    } else if constexpr (requires { s.length; }) {
+      s.length -= n;
+    } else {
+      static_assert(std::is_same_v<S, std::monostate>, "rewind: a layer cache of unknown kind");
+    }
+  }
+
   std::int64_t max_context_;
   cpu::Backend be_;
+  std::vector<cpu::KdaState> checkpoints_;  // of the last rewindable forward
+  std::int64_t rewind_tokens_ = 0;          // T of the last rewindable forward; 0: rewind() refuses
 };
 
 }  // namespace detail
@@ -145,6 +219,18 @@ class Session {
     engine_->forward(t, cpu::Phase::kDecode, false);
     return row(engine_->logits, 0);
   }
+  // Several tokens through the decode path (recurrent KDA, absorbed MLA): logits of every position [T·vocab]. With
+  // rewindable set, rewind(n) may then drop the last n < T of them (it keeps a copy of each KDA layer's state after
+  // each of the first T - 1 tokens: 2 MB per layer and token at Ling-3.0-flash's widths).
+  std::span<float const> decode_all(std::span<std::int32_t const> tokens, bool rewindable = false) {
+    engine_->forward(tokens, cpu::Phase::kDecode, true, rewindable);
+    return {engine_->logits.data(), std::size_t(engine_->logits.size())};
+  }
+  // Drops the last n tokens of the last decode_all(tokens, true), as if only the first T - n had been fed: every
+  // cache, the position, and last_hidden() (its first T - n rows). The MTP stream is not touched. Once per such
+  // call (rewind(0) included); any other call in between (prefill, decode, reset, restore) makes it an error, as
+  // does n >= T.
+  void rewind(std::int64_t n) { engine_->rewind(n); }
   // The main model's final hidden states (after model.norm) of the last prefill/decode call [n·hidden].
   std::span<float const> last_hidden() const { return {engine_->hidden.data(), std::size_t(engine_->hidden.size())}; }
 
