@@ -86,6 +86,7 @@ struct TextOptions {
   std::string think = "on";
   bool hide_think = false;
   bool raw = false;
+  int draft = 0;
   std::string prompt;
 };
 
@@ -104,6 +105,10 @@ void add_generation_flags(CLI::App* c, TextOptions& o) {
   c->add_option("--system", o.system, "system prompt");
   c->add_option("--think", o.think, "detailed thinking on | off")->capture_default_str();
   c->add_flag("--hide-think", o.hide_think, "do not print the <think>...</think> part");
+  c->add_option("--draft", o.draft,
+                "speculative decoding: tokens the MTP head drafts per step, 0 (off) or 1 (the CPU session, on a "
+                "model with an MTP layer)")
+      ->capture_default_str();
 }
 
 ling::runtime::SamplingParams sampling_of(TextOptions const& o, ling::io::Tokenizer const&) {
@@ -136,6 +141,10 @@ void print_stats(ling::runtime::GenerationStats const& st, std::string const& ba
                (long long)st.decode_tokens, st.decode_ms, st.decode_tokens_per_s,
                std::string(ling::runtime::to_string(st.stop_reason)).c_str(), st.stop_string.empty() ? "" : " ",
                st.stop_string.c_str());
+  if (st.drafts > 0)
+    std::fprintf(stderr, "[%s] speculative (MTP): %lld of %lld drafts accepted (%.0f%%)\n", backend.c_str(),
+                 (long long)st.drafts_accepted, (long long)st.drafts,
+                 100.0 * double(st.drafts_accepted) / double(st.drafts));
 }
 
 // One reply, streamed to stdout through the think filter; returns the full reply text.
@@ -165,6 +174,7 @@ void run_cmd(TextOptions const& o) {
   bool think = think_flag(o.think);
   AnySession session = open_session(dir, o.backend);
   ling::runtime::Generator<AnySession> gen(session, tok);
+  gen.set_draft_tokens(o.draft);
   std::string user = o.prompt;
   if (user == "-") user.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   std::string prompt = o.raw ? user : ling::io::chat_prompt(user, {o.system, think});
@@ -177,6 +187,7 @@ void chat_cmd(TextOptions const& o) {
   auto params = sampling_of(o, tok);
   AnySession session = open_session(dir, o.backend);
   ling::runtime::Generator<AnySession> gen(session, tok);
+  gen.set_draft_tokens(o.draft);
   ling::io::Conversation conv({o.system, think_flag(o.think)});
   std::fprintf(stderr, "ling chat (%s): /reset, /think on|off, /quit; EOF ends\n", session.backend().c_str());
   for (std::string line;;) {
