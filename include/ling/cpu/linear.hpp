@@ -12,6 +12,10 @@
 namespace ling::cpu {
 
 inline constexpr std::int64_t kLinearTile = 64;
+// Up to this many input rows, each dequantized tile is applied row by row (matrix-vector products): Eigen's
+// matrix-matrix product packs the tile first, which for 2 rows cost about as much as decoding it (perf, 2026-12-07:
+// a two-token decode took ~1.7x a one-token one). Each row then also gets the one-row product's sums, bit for bit.
+inline constexpr std::int64_t kLinearRowsByVector = 4;
 
 namespace detail {
 // Table decodes for the byte formats: the same values as the policies' decode (quant/), looked up instead of
@@ -81,7 +85,11 @@ void linear(layers::Linear<Policies> const& w, ConstMatrixRef x, Matrix& y) {
     for (std::int64_t r0 = 0; r0 < rows; r0 += kLinearTile) {
       std::int64_t n = std::min(kLinearTile, rows - r0);
       for (std::int64_t i = 0; i < n; ++i) detail::dequantize_row(view, r0 + i, tile.row(i).data());
-      y.middleCols(r0, n).noalias() = x * tile.topRows(n).transpose();
+      if (x.rows() <= kLinearRowsByVector)  // a few tokens (decode, a speculative step): matrix-vector products
+        for (std::int64_t t = 0; t < x.rows(); ++t)
+          y.row(t).segment(r0, n).noalias() = x.row(t) * tile.topRows(n).transpose();
+      else
+        y.middleCols(r0, n).noalias() = x * tile.topRows(n).transpose();
     }
   });
 }
