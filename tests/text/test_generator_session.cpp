@@ -103,6 +103,7 @@ TEST_CASE("speculative decoding with the MTP head: greedy ids equal plain decodi
   MESSAGE("ling-a-bf16: " << st.drafts_accepted << " of " << st.drafts << " drafts accepted");
 
   // every length of generation ends in the same state as plain decoding (ending on an accepted draft rewinds it)
+  CHECK(gen.generate(prompt, greedy_of(0), kSink).tokens.empty());
   for (std::int64_t n = 1; n <= std::int64_t(want.size()); ++n) {
     CAPTURE(n);
     auto s2 = gen.generate(prompt, greedy_of(n), kSink);  // the same prompt: not an extension, so a fresh start

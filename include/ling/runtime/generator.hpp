@@ -194,7 +194,7 @@ class Generator {
     bool plain = true;
     if constexpr (SpeculativeSession<SessionT>) {
       if (speculate) {
-        speculate_(todo, logits, usable, vocab, sampler, history, take, st);
+        if (params.max_new_tokens > 0) speculate_(todo, logits, usable, vocab, sampler, history, take, st);
         plain = false;
       }
     }
