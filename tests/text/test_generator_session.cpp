@@ -24,24 +24,25 @@ std::vector<std::int32_t> ids_of(io::SafetensorsFile const& f, char const* name)
   auto const* p = reinterpret_cast<std::int32_t const*>(t->data);
   return {p, p + t->numel()};
 }
-// ling-a-bf16's oracle prompt and greedy ids. The test tokenizer only detokenizes here (its special ids lie past this
-// model's 512-token vocabulary).
+// ling-a-bf16's oracle prompt and greedy ids, and a Generator over a CPU session of it. The test tokenizer only
+// detokenizes here (its special ids lie past this model's 512-token vocabulary).
 struct OracleSet {
   std::string dir = LING_TEST_DATA "/ling-a-bf16";
   io::SafetensorsFile exp = io::SafetensorsFile::open(dir + "/expected.safetensors");
   std::vector<std::int32_t> prompt = ids_of(exp, "tokens"), want = ids_of(exp, "decode_tokens");
   io::Tokenizer tok = io::Tokenizer::load(LING_TEST_DATA "/tokenizer/tokenizer.json");
+  runtime::Session session = runtime::Session::open(dir);
+  runtime::Generator<runtime::Session> gen{session, tok};  // refers to the members above: the set stays in place
+  OracleSet() = default;
+  OracleSet(OracleSet const&) = delete;
+  OracleSet& operator=(OracleSet const&) = delete;
 };
 }  // namespace
 
 TEST_CASE("generator over the CPU session: greedy ids equal the oracle's, with and without session reuse") {
   OracleSet set;
-  auto const& dir = set.dir;
-  auto const &prompt = set.prompt, &want = set.want;
-  auto const& tok = set.tok;
+  auto& [dir, exp, prompt, want, tok, session, gen] = set;
   REQUIRE(want.size() >= 2);
-  auto session = runtime::Session::open(dir);
-  runtime::Generator<runtime::Session> gen(session, tok);
   runtime::SamplingParams greedy;
   greedy.temperature = 0;
   greedy.max_new_tokens = static_cast<std::int64_t>(want.size());
@@ -82,11 +83,7 @@ auto const kSink = [](std::string_view) { return true; };
 
 TEST_CASE("speculative decoding with the MTP head: greedy ids equal plain decoding's; the caches stay in step") {
   OracleSet set;
-  auto const& dir = set.dir;
-  auto const &prompt = set.prompt, &want = set.want;
-  auto const& tok = set.tok;
-  auto session = runtime::Session::open(dir);
-  runtime::Generator<runtime::Session> gen(session, tok);
+  auto& [dir, exp, prompt, want, tok, session, gen] = set;
   gen.set_draft_tokens(1);
   std::string text;
   auto st = gen.generate(prompt, greedy_of(std::int64_t(want.size())), [&](std::string_view p) {
