@@ -30,11 +30,7 @@ class AnySession {
     return impl_->decode_all(tokens, rewindable);
   }
   void rewind(std::int64_t n) { impl_->rewind(n); }
-  std::span<float const> last_hidden() const { return impl_->last_hidden(); }
-  std::span<float const> mtp_logits(std::span<float const> h, std::span<std::int32_t const> next,
-                                    std::int64_t position) {
-    return impl_->mtp_logits(h, next, position);
-  }
+  std::span<float const> mtp_after(std::span<std::int32_t const> next) { return impl_->mtp_after(next); }
   bool has_mtp() const { return impl_->has_mtp(); }
   std::int64_t mtp_position() const { return impl_->mtp_position(); }
 
@@ -55,8 +51,7 @@ class AnySession {
     virtual std::int64_t vocab_size() const = 0;
     virtual std::span<float const> decode_all(std::span<std::int32_t const>, bool) = 0;
     virtual void rewind(std::int64_t) = 0;
-    virtual std::span<float const> last_hidden() const = 0;
-    virtual std::span<float const> mtp_logits(std::span<float const>, std::span<std::int32_t const>, std::int64_t) = 0;
+    virtual std::span<float const> mtp_after(std::span<std::int32_t const>) = 0;
     virtual bool has_mtp() const = 0;
     virtual std::int64_t mtp_position() const = 0;
   };
@@ -80,13 +75,8 @@ class AnySession {
       if constexpr (kSpec) session.rewind(n);
       else no_spec_();
     }
-    std::span<float const> last_hidden() const override {
-      if constexpr (kSpec) return session.last_hidden();
-      else no_spec_();
-    }
-    std::span<float const> mtp_logits(std::span<float const> h, std::span<std::int32_t const> next,
-                                      std::int64_t position) override {
-      if constexpr (kSpec) return session.mtp_logits(h, next, position);
+    std::span<float const> mtp_after(std::span<std::int32_t const> next) override {
+      if constexpr (kSpec) return session.mtp_after(next);
       else no_spec_();
     }
     bool has_mtp() const override {

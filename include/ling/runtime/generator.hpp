@@ -40,11 +40,10 @@ concept LogitSession = requires(S& s, S const& cs, std::span<std::int32_t const>
 // head (runtime::Session; not yet the CUDA one).
 template <class S>
 concept SpeculativeSession =
-    LogitSession<S> && requires(S& s, S const& cs, std::span<std::int32_t const> tokens, std::span<float const> h) {
+    LogitSession<S> && requires(S& s, S const& cs, std::span<std::int32_t const> tokens) {
       { s.decode_all(tokens, true) } -> std::convertible_to<std::span<float const>>;
       s.rewind(std::int64_t{1});
-      { cs.last_hidden() } -> std::convertible_to<std::span<float const>>;
-      { s.mtp_logits(h, tokens, std::int64_t{0}) } -> std::convertible_to<std::span<float const>>;
+      { s.mtp_after(tokens) } -> std::convertible_to<std::span<float const>>;
       { cs.has_mtp() } -> std::convertible_to<bool>;
       { cs.mtp_position() } -> std::convertible_to<std::int64_t>;
     };
@@ -242,31 +241,22 @@ class Generator {
   void speculate_(std::span<std::int32_t const> todo, std::span<float const> logits, std::size_t usable,
                   std::int64_t vocab, Sampler& sampler, std::vector<std::int32_t>& history, Take& take,
                   GenerationStats& st) {
-    std::int64_t const H = std::int64_t(session_->last_hidden().size()) / std::int64_t(todo.size());
-    auto hidden_row = [&](std::int64_t r) {
-      return session_->last_hidden().subspan(std::size_t(r * H), std::size_t(H));
-    };
-    auto argmax = [&](std::span<float const> l) {
+    // The MTP entries of the last call's first positions, each with the token after it (Session::mtp_after); the
+    // last entry's logits give the next draft.
+    auto draft_after = [&](std::span<std::int32_t const> next) {
+      auto l = session_->mtp_after(next).last(std::size_t(vocab));
       return static_cast<std::int32_t>(std::max_element(l.begin(), l.begin() + std::ptrdiff_t(usable)) - l.begin());
     };
-    // The MTP entry of fed position `pos` (hidden row r of the last call) with the token after it: the next draft.
-    auto draft_after = [&](std::int64_t r, std::int64_t pos, std::int32_t next) {
-      std::int32_t const t[1] = {next};
-      auto m = session_->mtp_logits(hidden_row(r), t, pos);
-      return argmax(m.last(std::size_t(vocab)));
-    };
+    auto draft_after_one = [&](std::int32_t next) { return draft_after(std::span<std::int32_t const>(&next, 1)); };
 
     std::int32_t tok = sampler.sample(logits.first(usable), history);
-    // MTP entries for every prefilled position: each with the token after it, the last with the sampled one
+    // every prefilled position with the token after it, the last with the sampled one
     std::vector<std::int32_t> next(todo.begin() + 1, todo.end());
     next.push_back(tok);
-    std::int64_t const first = session_->position() - std::int64_t(todo.size());
-    auto m = session_->mtp_logits(session_->last_hidden(), next, first);
-    std::int32_t draft = argmax(m.last(std::size_t(vocab)));
+    std::int32_t draft = draft_after(next);
     if (!take(tok)) return;
     for (;;) {
       history.push_back(tok);
-      std::int64_t const n = session_->position();  // the pending token's position
       std::int32_t const pair[2] = {tok, draft};
       std::span<float const> rows;
       try {
@@ -278,7 +268,7 @@ class Generator {
         fed_.push_back(tok);
         check_logits_(logits, vocab);
         tok = sampler.sample(logits.first(usable), history);
-        draft = draft_after(0, n, tok);
+        draft = draft_after_one(tok);
         if (!take(tok)) return;
         continue;
       }
@@ -293,14 +283,14 @@ class Generator {
         session_->rewind(1);
         fed_.pop_back();
         tok = v.token;
-        draft = draft_after(0, n, tok);
+        draft = draft_after_one(tok);
         if (!take(tok)) return;
         continue;
       }
       ++st.drafts_accepted;
       if (!take(draft)) {
         // generation ends at the draft: its MTP entry, then un-feed it, as plain decoding never feeds its last token
-        (void)draft_after(0, n, draft);
+        (void)draft_after_one(draft);
         session_->rewind(1);
         fed_.pop_back();
         return;
@@ -309,7 +299,7 @@ class Generator {
       tok = sampler.sample(rows.subspan(std::size_t(vocab), std::size_t(vocab)).first(usable), history);
       // the MTP entries of both fed positions in one call; the second one drafts the next token
       std::int32_t const after[2] = {draft, tok};
-      draft = argmax(session_->mtp_logits(session_->last_hidden(), after, n).last(std::size_t(vocab)));
+      draft = draft_after(after);
       if (!take(tok)) return;
     }
   }

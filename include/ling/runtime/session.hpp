@@ -82,14 +82,8 @@ class EngineFor final : public Engine {
     be_.min_routing_margin = std::numeric_limits<float>::infinity();
     rewind_tokens_ = 0;
     checkpoints_.clear();
-    be_.kda_checkpoints = rewindable ? &checkpoints_ : nullptr;
-    try {
-      cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
-    } catch (...) {
-      be_.kda_checkpoints = nullptr;
-      throw;
-    }
-    be_.kda_checkpoints = nullptr;
+    be_.kda_checkpoints = rewindable ? &checkpoints_ : nullptr;  // set by every forward (the MTP layer has no KDA)
+    cpu::forward(be_, model_, state_, tokens, hidden, logits, opt);
     if (rewindable) rewind_tokens_ = std::int64_t(tokens.size());
   }
   // Puts every cache back to where it was n tokens before the end of the last (rewindable) forward: a KDA layer's
@@ -102,24 +96,21 @@ class EngineFor final : public Engine {
     if (n < 0 || n >= T)
       fail(ErrorCode::kInvalidArgument, "rewind: " + std::to_string(n) + " tokens asked, but the last decode_all fed " +
                                             std::to_string(T) + " (at most T - 1 can be dropped)");
-    if (n == 0) {
-      rewind_tokens_ = 0;
-      checkpoints_.clear();
-      return;
-    }
-    std::int64_t const keep = T - n;
-    std::size_t kda = 0;
-    for (auto& ls : state_.layers) rewind_layer_(ls, kda, T, keep, n);
-    require(kda * std::size_t(T - 1) == checkpoints_.size(), ErrorCode::kInternal,
-            "rewind: the KDA checkpoints do not match the layers");
-    state_.position -= n;
-    cpu::Matrix h = hidden.topRows(keep);
-    hidden.swap(h);
-    if (logits.rows() == T) {
-      cpu::Matrix l = logits.topRows(keep);
-      logits.swap(l);
-    } else {
-      logits.resize(0, logits.cols());  // the last row only: its position was dropped
+    if (n > 0) {
+      std::int64_t const keep = T - n;
+      std::size_t kda = 0;
+      for (auto& ls : state_.layers) rewind_layer_(ls, kda, T, keep, n);
+      require(kda * std::size_t(T - 1) == checkpoints_.size(), ErrorCode::kInternal,
+              "rewind: the KDA checkpoints do not match the layers");
+      state_.position -= n;
+      cpu::Matrix h = hidden.topRows(keep);
+      hidden.swap(h);
+      if (logits.rows() == T) {
+        cpu::Matrix l = logits.topRows(keep);
+        logits.swap(l);
+      } else {
+        logits.resize(0, logits.cols());  // the last row only: its position was dropped
+      }
     }
     rewind_tokens_ = 0;
     checkpoints_.clear();
@@ -246,12 +237,11 @@ class Session {
   }
   // MTP logits from the first next.size() hidden rows of the last prefill/decode call, at their positions.
   std::span<float const> mtp_after(std::span<std::int32_t const> next) {
-    std::int64_t const n = engine_->hidden.rows(), H = engine_->hidden.cols();
+    std::int64_t const n = engine_->hidden.rows();
     require(std::int64_t(next.size()) <= n, ErrorCode::kInvalidArgument,
             "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " + std::to_string(n) + " positions");
     cpu::Matrix h = engine_->hidden.topRows(std::int64_t(next.size()));
     return mtp_logits({h.data(), std::size_t(h.size())}, next, engine_->position() - n);
-    (void)H;
   }
 
   void reset() { engine_->reset(); }
