@@ -174,6 +174,31 @@ void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std
   });
 }
 
+// `tokens` input rows per launch (launch_matvec_multi_tokens: a speculative verification step), with the RMSNorm
+// prologue when `rms` (the projections' own) or none; the bytes are the weights' (read once for all tokens).
+template <class P>
+void BM_MatvecTokens(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, int tokens, bool rms) {
+  std::int64_t out = 0;
+  double const bytes = multi_bytes<P>(rows, cols, out);
+  int const copies = copies_for(bytes);
+  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
+  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
+  for (int i = 0; i < copies; ++i) {
+    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
+    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
+  }
+  DVec x{std::size_t(cols) * std::size_t(tokens)}, y{std::size_t(out) * std::size_t(tokens)}, nw{std::size_t(cols)};
+  InputPrologue pro{};
+  if (rms) {
+    pro.kind = PrologueKind::kRmsNorm;
+    pro.norm_w = nw.p();
+  }
+  run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
+    std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
+    return launch_matvec_multi_tokens(ws, x.p(), tokens, y.p(), s, pro);
+  });
+}
+
 // ---- MoE step: router-chosen ids (random, distinct) on `layers` different layers' expert sets ----------------
 template <class PE, class PS>
 struct MoeBench {
@@ -336,6 +361,19 @@ int main(int argc, char** argv) {
     BM_MatvecMultiTuned<Fp8Block, 2, 2>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560);
   });
   reg("kda_o_proj_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });
+  // one token and two (a verification step) through launch_matvec_multi_tokens, with the projections' RMSNorm
+  reg("kda_qkvfgb_fp8_rms_1tok", [](benchmark::State& s) {
+    BM_MatvecTokens<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, 1, true);
+  });
+  reg("kda_qkvfgb_fp8_rms_2tok", [](benchmark::State& s) {
+    BM_MatvecTokens<Fp8Block>(s, {4096, 4096, 4096, 4096, 4096, 32}, 2560, 2, true);
+  });
+  reg("kda_o_proj_fp8_1tok", [](benchmark::State& s) { BM_MatvecTokens<Fp8Block>(s, {2560}, 4096, 1, false); });
+  reg("kda_o_proj_fp8_2tok", [](benchmark::State& s) { BM_MatvecTokens<Fp8Block>(s, {2560}, 4096, 2, false); });
+  reg("dense_mlp_gate_up_fp8_rms_2tok",
+      [](benchmark::State& s) { BM_MatvecTokens<Fp8Block>(s, {6144, 6144}, 2560, 2, true); });
+  reg("lm_head_fp8row_1tok", [](benchmark::State& s) { BM_MatvecTokens<Fp8Row>(s, {157184}, 2560, 1, false); });
+  reg("lm_head_fp8row_2tok", [](benchmark::State& s) { BM_MatvecTokens<Fp8Row>(s, {157184}, 2560, 2, false); });
   reg("mla_q_kva_g_[6144|576|32,2560]_fp8", [](benchmark::State& s) { BM_MatvecMulti<Fp8Block>(s, {6144, 576, 32}, 2560); });
   reg("mla_kv_b_[8192,512]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 8192, 512); });
   reg("mla_dense_[2560,4096]_fp8", [](benchmark::State& s) { BM_Matvec<Fp8Block>(s, 2560, 4096); });

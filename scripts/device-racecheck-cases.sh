@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, with binaries staged by scripts/device-prebuild.sh and carried (carry [".deps", "build/device"]):
-# compute-sanitizer racecheck over test_cuda_model's cases named by doctest filters, one process at a time (four
-# Ling-3.0-flash-width cases at once made no progress in 290 s, session 46), each within LING_RACECHECK_TIMEOUT s
+# compute-sanitizer racecheck over test_cuda_model's cases (or those of LING_RACECHECK_EXE, another staged test
+# executable) named by doctest filters, one process at a time (four Ling-3.0-flash-width cases at once made no
+# progress in 290 s, session 46), each within LING_RACECHECK_TIMEOUT s
 # (default 240), with scripts/sanitize-common.sh's settings (the flash-width cases' steps and vocabulary, the kernels
 # racecheck leaves out). Logs in $OUT/race-<n>.log, a line per case last.
 #   bash scripts/device-racecheck-cases.sh "*L2 look-ahead*gives the default*" "*forced routing is predicted*" ...
@@ -14,7 +15,7 @@ if [ -f build/device/bin.tar.xz ] && [ ! -x build/device/tests/cuda_model/test_c
 fi
 export LD_LIBRARY_PATH=$PWD/.deps/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$PATH:/usr/local/cuda/bin
-T=$PWD/build/device/tests/cuda_model/test_cuda_model
+T=${LING_RACECHECK_EXE:-$PWD/build/device/tests/cuda_model/test_cuda_model}  # or another staged test executable
 source scripts/sanitize-common.sh
 sanitizer_args racecheck "$T"
 lines=()

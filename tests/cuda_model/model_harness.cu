@@ -8,6 +8,8 @@
 #include <random>
 
 #include "ling/cuda/model.cuh"
+#include "ling/io/checkpoint.hpp"
+#include "ling/io/weights.hpp"
 #include "ling/cuda/session.cuh"
 #include "model_harness.hpp"
 
@@ -87,6 +89,83 @@ PredictCount checkpoint_predict_count(std::string const& dir, std::vector<std::i
   auto s = cuda::CudaSession::open(dir, {4096, false, true});
   (void)s.prefill(prompt);
   return count_predictions(s.model(), steps);
+}
+
+namespace {
+
+TokensCompare compare_tokens(cuda::CudaModel& m, std::vector<std::int32_t> const& feed) {
+  std::size_t const V = std::size_t(m.vocab_size()), n = feed.size();
+  std::vector<float> one(n * V), two(n * V);
+  m.reset();
+  for (std::size_t i = 0; i < n; ++i) {
+    m.step(feed[i]);
+    m.download_logits(one.data() + i * V);
+  }
+  m.reset();
+  for (std::size_t i = 0, pass = 0; i < n; ++pass) {
+    std::size_t const k = pass % 3 == 2 || i + 1 == n ? 1 : 2;
+    m.step_tokens(std::span<std::int32_t const>(feed.data() + i, k));
+    std::memset(two.data() + i * V, 0xFF, k * V * sizeof(float));  // NaN unless written
+    m.download_logits(two.data() + i * V, int(k));
+    i += k;
+  }
+  TokensCompare r;
+  for (std::size_t i = 0; i < n * V; ++i) {
+    ++r.compared;
+    r.differing += std::memcmp(&one[i], &two[i], sizeof(float)) != 0;
+    r.nan += std::isnan(two[i]);
+  }
+  return r;
+}
+
+}  // namespace
+
+TokensCompare step_tokens_checkpoint(std::string const& dir, std::vector<std::int32_t> const& feed, int mla_short,
+                                     bool fp8_head, bool graph) {
+  io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);
+  cuda::CudaModelOptions o;
+  o.max_context = 64;
+  o.lm_head_fp8 = fp8_head;
+  o.use_graph = graph;
+  o.mla_short = mla_short;
+  auto m = cuda::CudaModel::from_checkpoint(w, ckpt.config(), o);
+  return compare_tokens(*m, feed);
+}
+
+TokensCompare step_tokens_flash(std::string const& config_json, int layers, std::uint64_t seed,
+                                std::vector<std::int32_t> const& feed, int mla_short) {
+  cuda::CudaModelOptions o;
+  o.max_context = 64;
+  o.mla_short = mla_short;
+  auto m = cuda::CudaModel::random(flash_config(config_json, layers), seed, o);
+  return compare_tokens(*m, feed);
+}
+
+TokensRefusals step_tokens_refusals(std::string const& dir) {
+  io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);
+  cuda::CudaModelOptions o;
+  o.max_context = 8;
+  auto m = cuda::CudaModel::from_checkpoint(w, ckpt.config(), o);
+  auto code = [&](std::vector<std::int32_t> const& t) {
+    try {
+      m->step_tokens(t);
+    } catch (Error const& e) {
+      return int(e.code());
+    }
+    return -1;
+  };
+  TokensRefusals r;
+  r.too_many = code({1, 2, 3});
+  r.bad_id = code({1, std::int32_t(m->vocab_size())});
+  for (int i = 0; i < 7; ++i) m->step(1);  // position 7 of 8: room for one token
+  r.overflow = code({1, 2});
+  std::vector<float> l(static_cast<std::size_t>(m->vocab_size()));
+  m->step(2);
+  m->download_logits(l.data());
+  r.still_decodes = m->position() == 8 && std::all_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); });
+  return r;
 }
 
 std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, std::uint64_t seed) {

@@ -34,4 +34,24 @@ PredictCount checkpoint_predict_count(std::string const& dir, std::vector<std::i
 // (block FP8: the tile scales and the E4M3 codes) over the three formats.
 std::int64_t route_predictor_mismatches(std::int64_t rows, std::int64_t cols, std::uint64_t seed);
 
+// CudaModel::step_tokens against one step per token: `feed` one token at a time, then again from a reset in passes of
+// two tokens with a single step after every second pass (so that passes start at even and odd positions). compared:
+// logits compared; differing: those whose bits differ; nan: NaNs among the passes' logits.
+struct TokensCompare {
+  std::int64_t compared = 0, differing = 0, nan = 0;
+};
+// A checkpoint in `dir`, with the LM head online FP8 (`fp8_head`) or as stored, as a graph or eagerly.
+TokensCompare step_tokens_checkpoint(std::string const& dir, std::vector<std::int32_t> const& feed, int mla_short,
+                                     bool fp8_head, bool graph);
+// Ling-3.0-flash's widths cut to `layers` layers (as flash_random_steps).
+TokensCompare step_tokens_flash(std::string const& config_json, int layers, std::uint64_t seed,
+                                std::vector<std::int32_t> const& feed, int mla_short);
+// The refusals of step_tokens on the checkpoint in `dir` (max_context 8): the ling::Error codes of too many tokens, an
+// id outside the vocabulary, a pass past the context; then whether the model still decodes (a step after them).
+struct TokensRefusals {
+  int too_many = -1, bad_id = -1, overflow = -1;
+  bool still_decodes = false;
+};
+TokensRefusals step_tokens_refusals(std::string const& dir);
+
 }  // namespace ling::test_gpu

@@ -635,3 +635,54 @@ TEST_CASE("CUDA session refuses bad input with ling::Error") {
   CHECK_NOTHROW(gpu.prefill(p));
   CHECK_THROWS_AS(gpu.decode(1), ling::Error);  // context full
 }
+
+// Two tokens in one pass (CudaModel::step_tokens: a speculative verification, and the prefill's passes): the matvecs
+// read each weight once for both tokens (MultiArgs::tokens), the KDA steps, MLA attention and MoE run per token. Each
+// token's logits must be the bits one decode step per token gives: on the tests/data checkpoints with the online FP8
+// head (its two-token instance) and the stored BF16 one (a launch per token), as a graph and eagerly, with mla_short 5
+// so that passes have both tokens, one or neither on the short-context MLA chain; at Ling-3.0-flash's widths. Every
+// pass's logits are poisoned before they are read back.
+TEST_CASE("two tokens in one pass (step_tokens) = one decode step per token, bit for bit: checkpoints") {
+  if (!ling::cuda::device_available()) return;
+  std::vector<std::int32_t> feed(12);
+  for (std::size_t i = 0; i < feed.size(); ++i) feed[i] = std::int32_t((i * 53 + 7) % 256);
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    for (bool fp8 : {true, false}) {
+      for (bool graph : {true, false}) {
+        if (!graph && !fp8) continue;
+        CAPTURE(n);
+        CAPTURE(fp8);
+        CAPTURE(graph);
+        auto const r = ling::test_gpu::step_tokens_checkpoint(std::string(LING_TEST_DATA) + "/" + n, feed, 5, fp8, graph);
+        CHECK(r.compared > 0);
+        CHECK(r.differing == 0);
+        CHECK(r.nan == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("two tokens in one pass (step_tokens) = one decode step per token, bit for bit: Ling-3.0-flash's widths") {
+  if (!ling::cuda::device_available()) return;
+  // ids below the sanitizers' vocabulary; under them (kFlashSteps 2) 5 tokens (passes of 2, 2, 1) and mla_short 5 only
+  std::vector<std::int32_t> feed{11, 4242, 7, 15000, 3, 99, 12345, 5};
+  bool const short_run = kFlashSteps < 8;
+  if (short_run) feed.resize(5);
+  for (int mla_short : {5, 0}) {
+    if (short_run && mla_short == 0) continue;
+    CAPTURE(mla_short);
+    auto const r = ling::test_gpu::step_tokens_flash(flash_cfg(), 6, 4250, feed, mla_short);
+    CHECK(r.compared >= std::int64_t(feed.size()) * 16384);
+    CHECK(r.differing == 0);
+    CHECK(r.nan == 0);
+  }
+}
+
+TEST_CASE("step_tokens refuses too many tokens, a bad id and a pass past the context, and the model goes on") {
+  if (!ling::cuda::device_available()) return;
+  auto const r = ling::test_gpu::step_tokens_refusals(std::string(LING_TEST_DATA) + "/ling-a-bf16");
+  CHECK(r.too_many == int(ling::ErrorCode::kInvalidArgument));
+  CHECK(r.bad_id == int(ling::ErrorCode::kInvalidArgument));
+  CHECK(r.overflow == int(ling::ErrorCode::kOutOfRange));
+  CHECK(r.still_decodes);
+}

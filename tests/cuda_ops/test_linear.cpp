@@ -438,3 +438,100 @@ TEST_CASE("matvec refuses an empty matrix and a multi-matvec of mismatched cols"
   CHECK(cuda::launch_matvec_multi(std::span<cuda::DeviceMatrix<quant::Bf16> const* const>(ab), v.data(), v.data(),
                                   nullptr) == cudaErrorInvalidValue);
 }
+
+// Several input rows in one launch (launch_matvec_multi_tokens, MultiArgs::tokens: a speculative verification step
+// reads each weight row once for the pending token and the draft). Token k's outputs must be the bits of a one-token
+// launch on its own input, prologue inputs and residual, for every prologue: plain (also checked against the CPU),
+// RMSNorm, KDA's gated head norm (with and without the producer's head partials), the head scale, with a residual.
+// Block and row FP8 at two tokens run matvec_lane_kernel's two-row instances (rows of exactly 32 kU chunks and ragged
+// ones, kU = 2, 5, 8; o_proj's 2560 × 4096, which one token runs on the one-row-per-warp blocks); three tokens, BF16,
+// and block FP8 with LING_MATVEC_LANE=0 run one launch per token. Every output is poisoned before its run.
+namespace {
+template <class P>
+void check_tokens(std::int64_t cols, std::vector<std::int64_t> const& rows, int tokens, cuda::PrologueKind kind,
+                  bool with_ss, bool with_res) {
+  CAPTURE(cols);
+  CAPTURE(tokens);
+  CAPTURE(int(kind));
+  CAPTURE(with_ss);
+  CAPTURE(with_res);
+  MultiSet<P> set(cols, rows);
+  int const head = 128, parts = 4, heads = int(cols / head);
+  std::size_t const T = std::size_t(tokens), C = std::size_t(cols), N = std::size_t(set.total);
+  auto const x = randn(T * C), gate = randn(T * C), res = randn(T * N);
+  auto w = randn(kind == cuda::PrologueKind::kRmsNorm ? C : std::size_t(head));
+  for (auto& v : w) v = 1.0f + 0.25f * v;
+  std::vector<float> ss(T * std::size_t(heads * parts));
+  for (auto& v : ss) v = 0.5f + std::abs(randn(1)[0]) * 8.0f;
+  DeviceVec dx(x), dg(gate), dr(res), dw(w), dss(ss);
+  cuda::InputPrologue pro{};
+  pro.kind = kind;
+  pro.norm_w = kind == cuda::PrologueKind::kPlain ? nullptr : dw.data();
+  pro.gate = kind == cuda::PrologueKind::kGatedHeadNorm ? dg.data() : nullptr;
+  pro.head = head;
+  pro.head_ss = with_ss ? dss.data() : nullptr;
+  pro.ss_parts = with_ss ? parts : 0;
+  std::span<cuda::DeviceMatrix<P> const* const> const ws(set.ptrs);
+  DeviceVec dy(T * N);
+  REQUIRE(cuda::launch_matvec_multi_tokens(ws, dx.data(), tokens, dy.data(), nullptr, pro,
+                                           with_res ? dr.data() : nullptr) == cudaSuccess);
+  device_sync();
+  auto const all = dy.get();
+  for (int k = 0; k < tokens; ++k) {
+    CAPTURE(k);
+    cuda::InputPrologue p = pro;
+    if (p.gate) p.gate += std::size_t(k) * C;
+    if (p.head_ss) p.head_ss += std::size_t(k) * std::size_t(heads * parts);
+    DeviceVec d1(N);
+    REQUIRE(cuda::launch_matvec_multi_tokens(ws, dx.data() + std::size_t(k) * C, 1, d1.data(), nullptr, p,
+                                             with_res ? dr.data() + std::size_t(k) * N : nullptr) == cudaSuccess);
+    device_sync();
+    auto const one = d1.get();
+    std::vector<float> const mine(all.begin() + std::ptrdiff_t(std::size_t(k) * N),
+                                  all.begin() + std::ptrdiff_t(std::size_t(k + 1) * N));
+    CHECK(same_bits(mine, one));
+    if (kind == cuda::PrologueKind::kPlain && !with_res) {
+      std::vector<float> const xk(x.begin() + std::ptrdiff_t(std::size_t(k) * C),
+                                  x.begin() + std::ptrdiff_t(std::size_t(k + 1) * C));
+      CHECK(set.err_of_terms(mine, xk) < 1e-5);  // NaN fails
+    }
+  }
+}
+template <class P>
+void check_tokens_all(int tokens) {
+  using K = cuda::PrologueKind;
+  for (std::int64_t c : {1024, 1000, 2560, 2000, 4096, 3000}) {
+    std::int64_t const cols = fit_cols<P>(c);
+    std::vector<std::int64_t> rows{5, 300, 1, 129};
+    if (cols == 2560) rows.push_back(3000);
+    check_tokens<P>(cols, rows, tokens, K::kPlain, false, false);
+    check_tokens<P>(cols, rows, tokens, K::kPlain, false, true);
+    check_tokens<P>(cols, rows, tokens, K::kRmsNorm, false, true);
+    if (cols % 128 == 0) {
+      check_tokens<P>(cols, rows, tokens, K::kGatedHeadNorm, false, false);
+      check_tokens<P>(cols, rows, tokens, K::kGatedHeadNorm, true, true);
+      check_tokens<P>(cols, rows, tokens, K::kHeadScale, true, false);
+    }
+  }
+  if constexpr (std::is_same_v<P, quant::Fp8Block>) {  // o_proj's shape (one token: one row per warp)
+    check_tokens<P>(4096, {2560}, tokens, K::kHeadScale, true, true);
+    check_tokens<P>(4096, {2560}, tokens, K::kGatedHeadNorm, true, true);
+  }
+}
+}  // namespace
+
+TEST_CASE_TEMPLATE("matvec over several input rows: each token gets the one-token launch's bits", P, quant::Fp8Block,
+                   quant::Fp8Row, quant::Bf16) {
+  LING_REQUIRE_GPU();
+  check_tokens_all<P>(2);
+  check_tokens_all<P>(3);
+  if constexpr (std::is_same_v<P, quant::Fp8Block>) {
+    setenv("LING_MATVEC_LANE", "0", 1);  // two tokens on the pipelined kernel: one launch per token
+    check_tokens_all<P>(2);
+    unsetenv("LING_MATVEC_LANE");
+  }
+  MultiSet<P> set(256, {8});
+  DeviceVec dx(randn(256)), dy(8);
+  CHECK(cuda::launch_matvec_multi_tokens(std::span<cuda::DeviceMatrix<P> const* const>(set.ptrs), dx.data(), 0,
+                                         dy.data(), nullptr) == cudaErrorInvalidValue);
+}

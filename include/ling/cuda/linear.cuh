@@ -567,6 +567,32 @@ struct Fp8DotCvt {
 
 using Fp8Dot = Fp8DotCvt;
 
+// Fp8DotCvt::dot<1> of one chunk against kT inputs (xp + k · ld): each chunk decoded once, token k's sum in dot<1>'s
+// order (the same bits as dot<1> on its input).
+template <int kT>
+__device__ __forceinline__ void fp8_dot_tokens(uint4 const& v, float const* xp, int ld, float (&d)[kT]) {
+  float a0[kT], a1[kT];
+  zero(a0);
+  zero(a1);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    std::uint32_t const u = word(v, i);
+    __half2_raw const lo = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u & 0xFFFFu), __NV_E4M3);
+    __half2_raw const hi = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(u >> 16), __NV_E4M3);
+    float2 const fl = __half22float2(__half2(lo)), fh = __half22float2(__half2(hi));
+#pragma unroll
+    for (int k = 0; k < kT; ++k) {
+      float4 const x = reinterpret_cast<float4 const*>(xp + k * ld)[i];
+      a0[k] = fmaf(fl.x, x.x, a0[k]);
+      a1[k] = fmaf(fl.y, x.y, a1[k]);
+      a0[k] = fmaf(fh.x, x.z, a0[k]);
+      a1[k] = fmaf(fh.y, x.w, a1[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kT; ++k) d[k] = a0[k] + a1[k];
+}
+
 template <>
 struct FastOps<quant::Fp8Block> : Fp8Dot {
   // chunk j covers columns [16j, 16j+16): inside one 128-column block
@@ -759,6 +785,14 @@ struct MultiArgs {
   // gridDim.x tickets and atomicInc wraps it to 0). Null: every task by the static stride. Other kernels ignore it.
   unsigned* tail = nullptr;
   int tail_groups = 0;
+  // Several input rows (tokens, for a speculative verification step): token k's input at x + k · x_ld (and its
+  // kGatedHeadNorm gate at gate + k · x_ld, its head partials at head_ss + k · ss_ld), its outputs at out[i] + k ·
+  // out_ld[i] (its residual at residual[i] + k · out_ld[i]). Each weight row is read once for all of them; token k's
+  // outputs are the bits of a one-token launch on its input. matvec_lane_kernel takes 2; launch_matvec_args runs other
+  // kernels and counts once per token.
+  int tokens = 1;
+  std::int64_t x_ld = 0, ss_ld = 0;
+  std::int64_t out_ld[kMaxMultiMatrices] = {};
 };
 
 struct ArgmaxArgs {
@@ -972,6 +1006,26 @@ __device__ __forceinline__ void pipe_prologue(MultiArgs const& a, float const* _
   __syncthreads();
   trace_mark(a.trace, 2);
 }
+// The same for a.tokens = kT input rows: token k staged at xs + k · xf (xf = xs_floats of one input), one after the
+// other (stage_input's shared scratch serves each in turn).
+template <class P, int kT>
+__device__ __forceinline__ void pipe_prologue_tokens(MultiArgs const& a, float const* __restrict__ x,
+                                                     InputPrologue const& pro, float* xs, int xf, std::int64_t t_next) {
+  prefetch_task<P, 1>(a, t_next);
+  prologue_prefetch(pro, a.m[0].cols);
+  pdl_wait();
+  trace_mark(a.trace, 1);
+#pragma unroll 1
+  for (int k = 0; k < kT; ++k) {
+    InputPrologue p = pro;
+    if (p.gate) p.gate += k * a.x_ld;
+    if (p.head_ss) p.head_ss += k * a.ss_ld;
+    if (k > 0) __syncthreads();
+    stage_input(xs + k * xf, x + k * a.x_ld, a.m[0].cols, staged_elems<P>(a.m[0]), p);
+  }
+  __syncthreads();
+  trace_mark(a.trace, 2);
+}
 
 template <class K, int kU, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) matvec_pipe_kernel(MultiArgs a, float const* __restrict__ x,
@@ -1050,12 +1104,14 @@ __device__ __forceinline__ void lane_row_load(LaneRow<kU>& L, MatrixArgs const& 
 
 // kBW: warps per block. kBW > kWarps (matvec_lane_one_warps): the launcher gives every warp at most one row, on a grid
 // that is resident at once, so no warp takes a second row after the others are done.
-template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps>
+// kT: input rows (a.tokens), each row's chunks decoded once for all of them (fp8_dot_tokens); no argmax when kT > 1.
+template <class K, int kU, int kMinBlocks, bool kFull, int kBW = kWarps, int kT = 1>
 __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     matvec_lane_kernel(MultiArgs a, float const* __restrict__ x, InputPrologue pro, ArgmaxArgs am) {
   using P = policy_of<K>;
   constexpr bool kRow = std::is_same_v<P, quant::Fp8Row>;
   static_assert(std::is_same_v<P, quant::Fp8Block> || kRow, "lane-fixed chunks: FP8 rows (16 columns per chunk)");
+  static_assert(kT >= 1 && kT <= 4, "input rows per launch");
   constexpr bool kOne = kBW > kWarps;
   extern __shared__ float4 smem_f4[];
   float* xs = reinterpret_cast<float*>(smem_f4);
@@ -1073,11 +1129,15 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     while (t >= a.task_begin[ci + 1]) ++ci;
     lane_row_load<P, kU, kFull>(r0, a.m[ci], t - a.task_begin[ci], lane, nchunks);
   }
-  // the dynamic tail's slots, after the staged input (zeroed before pipe_prologue's block barrier)
-  int* const slots = reinterpret_cast<int*>(xs + xs_floats(staged_elems<P>(a.m[0])));
+  // the dynamic tail's slots, after the staged inputs (zeroed before pipe_prologue's block barrier)
+  int const xf = int(xs_floats(staged_elems<P>(a.m[0])));  // floats of one staged input
+  int* const slots = reinterpret_cast<int*>(xs + kT * xf);
   if (a.tail)
     for (int i = int(threadIdx.x); i <= a.tail_groups; i += kBW * 32) slots[i] = 0;
-  pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
+  if constexpr (kT == 1)
+    pipe_prologue<P>(a, x, pro, xs, kOne ? a.task_begin[a.count] : t + stride);
+  else
+    pipe_prologue_tokens<P, kT>(a, x, pro, xs, xf, kOne ? a.task_begin[a.count] : t + stride);
   float const* const xl = xs + xpad(16 * lane);
   float const post = FastOps<P>::kPost;  // times the row scale for row FP8 (block FP8: the block scales are per chunk)
   unsigned long long best = 0;           // argmax (am.key): this warp's largest key
@@ -1086,23 +1146,46 @@ __global__ void __launch_bounds__(kBW * 32, kMinBlocks)
     lane_row_load<P, kU, kFull>(L, a.m[i], tn - a.task_begin[i], lane, nchunks);
   };
   auto finish = [&](std::int64_t tt, int i, LaneRow<kU> const& L) {
-    float acc = 0.f;
+    if constexpr (kT == 1) {
+      float acc = 0.f;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (kFull || lane + 32 * u < nchunks) {
-        uint4 const vv[1] = {L.v[u]};
-        float d[1];
-        FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
-        acc = fmaf(L.sc[u], d[0], acc);
+      for (int u = 0; u < kU; ++u) {
+        if (kFull || lane + 32 * u < nchunks) {
+          uint4 const vv[1] = {L.v[u]};
+          float d[1];
+          FastOps<P>::template dot<1>(vv, xl + 576 * u, d);
+          acc = fmaf(L.sc[u], d[0], acc);
+        }
       }
-    }
-    float v = warp_sum(acc) * (kRow ? L.rs * post : post);
-    std::int64_t const r = tt - a.task_begin[i];
-    if (float const* res = a.residual[i]) v += res[r];
-    if (lane == 0) a.out[i][r] = v;
-    if (am.key) {
-      unsigned long long const k = argmax_key(v, a.row_begin[i] + r);
-      best = k > best ? k : best;
+      float v = warp_sum(acc) * (kRow ? L.rs * post : post);
+      std::int64_t const r = tt - a.task_begin[i];
+      if (float const* res = a.residual[i]) v += res[r];
+      if (lane == 0) a.out[i][r] = v;
+      if (am.key) {
+        unsigned long long const k = argmax_key(v, a.row_begin[i] + r);
+        best = k > best ? k : best;
+      }
+    } else {
+      float acc[kT];
+      zero(acc);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        if (kFull || lane + 32 * u < nchunks) {
+          float d[kT];
+          fp8_dot_tokens<kT>(L.v[u], xl + 576 * u, xf, d);
+#pragma unroll
+          for (int k = 0; k < kT; ++k) acc[k] = fmaf(L.sc[u], d[k], acc[k]);
+        }
+      }
+      std::int64_t const r = tt - a.task_begin[i];
+      float const* const res = a.residual[i];
+#pragma unroll
+      for (int k = 0; k < kT; ++k) {
+        float v = warp_sum(acc[k]) * (kRow ? L.rs * post : post);
+        std::int64_t const o = r + k * a.out_ld[i];
+        if (res) v += res[o];
+        if (lane == 0) a.out[i][o] = v;
+      }
     }
   };
   if constexpr (kOne) {
@@ -1357,6 +1440,18 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
     return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), sm, stream, b, x, pro, tail...);
   };
   if constexpr (std::is_same_v<P, quant::Fp8Block> || kRow) {
+    if (a.tokens == 2) {  // launch_matvec_args sends two input rows here only for the lane kernel, without argmax
+      if (!(kRow || matvec_lane_enabled()) || am.key) return cudaErrorInvalidValue;
+      bool const full = a.m[0].ld == std::int64_t(512) * ku;
+      if (ku == 2)
+        return full ? go(matvec_lane_kernel<K, 2, 3, true, kWarps, 2>, 2 * smem, am)
+                    : go(matvec_lane_kernel<K, 2, 3, false, kWarps, 2>, 2 * smem, am);
+      if (ku == 5)  // two blocks per SM: at three (80 registers) the two-row instances spilled
+        return full ? go(matvec_lane_kernel<K, 5, 2, true, kWarps, 2>, 2 * smem, am)
+                    : go(matvec_lane_kernel<K, 5, 2, false, kWarps, 2>, 2 * smem, am);
+      return full ? go(matvec_lane_kernel<K, 8, 2, true, kWarps, 2>, 2 * smem, am)
+                  : go(matvec_lane_kernel<K, 8, 2, false, kWarps, 2>, 2 * smem, am);
+    }
     if (kRow || matvec_lane_enabled()) {
       // rows of exactly 32 ku chunks: no predicates
       bool const full = a.m[0].ld == std::int64_t(512) * ku;
@@ -1380,6 +1475,7 @@ cudaError_t launch_matvec_pipe(K, MultiArgs const& a, float const* x, InputProlo
       return full ? go(matvec_lane_kernel<K, 8, 2, true>, smem, am) : go(matvec_lane_kernel<K, 8, 2, false>, smem, am);
     }
   }
+  if (a.tokens != 1) return cudaErrorInvalidValue;
   if constexpr (!kRow) {
     if (ku == 2) return go(matvec_pipe_kernel<K, 2, 3>, smem);
     if (ku == 5) return go(matvec_pipe_kernel<K, 5, 3>, smem);
@@ -1425,10 +1521,44 @@ cudaError_t launch_matvec_keyed(K, MultiArgs const& a, float const* x, InputProl
   if (e != cudaSuccess) return e;
   return launch_ex(kernel, dim3(unsigned(blocks)), dim3(kThreads), smem, stream, a, x, pro, am);
 }
+// Whether a.tokens = 2 input rows take matvec_lane_kernel's two-row instances (launch_matvec_keyed's path to
+// launch_matvec_pipe, the lane kernel on): block and row FP8 in the fast layout, one row length.
+template <class P>
+bool matvec_tokens_fast(MultiArgs const& a, ArgmaxArgs const& am) {
+  if constexpr (!std::is_same_v<P, quant::Fp8Block> && !std::is_same_v<P, quant::Fp8Row>) {
+    return false;
+  } else {
+    if (a.tokens != 2 || am.key) return false;
+    for (int i = 1; i < a.count; ++i)
+      if (a.m[i].ld != a.m[0].ld) return false;
+    if (pipe_unroll(a.m[0].ld / 16) == 0) return false;
+    if constexpr (std::is_same_v<P, quant::Fp8Block>) return matvec_pipe_enabled() && matvec_lane_enabled();
+    else return matvec_row_lane_enabled();
+  }
+}
+// MultiArgs::tokens > 1: two rows on the lane kernel (matvec_tokens_fast), otherwise one launch per token (token k's
+// inputs, outputs and prologue pointers offset by k strides: the same bits, each weight read once per token). The
+// argmax epilogue takes one token.
 template <class P>
 cudaError_t launch_matvec_args(MultiArgs const& a, float const* x, InputPrologue const& pro, ArgmaxArgs am,
                                cudaStream_t stream) {
-  return launch_matvec_keyed(make_key<P>(), a, x, pro, am, stream);
+  if (a.tokens == 1) return launch_matvec_keyed(make_key<P>(), a, x, pro, am, stream);
+  if (a.tokens < 1 || am.key) return cudaErrorInvalidValue;
+  if (matvec_tokens_fast<P>(a, am)) return launch_matvec_keyed(make_key<P>(), a, x, pro, am, stream);
+  for (int k = 0; k < a.tokens; ++k) {
+    MultiArgs b = a;
+    b.tokens = 1;
+    for (int i = 0; i < a.count; ++i) {
+      b.out[i] = a.out[i] + k * a.out_ld[i];
+      b.residual[i] = a.residual[i] ? a.residual[i] + k * a.out_ld[i] : nullptr;
+    }
+    InputPrologue p = pro;
+    if (p.gate) p.gate += k * a.x_ld;
+    if (p.head_ss) p.head_ss += k * a.ss_ld;
+    cudaError_t const e = launch_matvec_keyed(make_key<P>(), b, x + k * a.x_ld, p, am, stream);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 // The preloaded matvec (a.row_begin set; every matrix of one row length, fast layout): cudaErrorInvalidValue when the
@@ -1439,7 +1569,7 @@ cudaError_t launch_matvec_preload_keyed(K, MultiArgs const& a, float const* x, I
   if constexpr (!has_fast_kernel<P>) {
     return cudaErrorInvalidValue;
   } else {
-    if (a.count <= 0) return cudaErrorInvalidValue;
+    if (a.count <= 0 || a.tokens != 1) return cudaErrorInvalidValue;
     for (int i = 1; i < a.count; ++i)
       if (a.m[i].ld != a.m[0].ld) return cudaErrorInvalidValue;
     std::int64_t const rb = a.m[0].ld * std::int64_t(sizeof(typename P::storage_type)), total = a.row_begin[a.count];
@@ -1530,6 +1660,20 @@ cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> 
   bool ok = false;
   kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, nullptr, ok);
   return ok ? kernels::launch_matvec_preload_args<P>(a, x, InputPrologue{}, stream) : cudaErrorInvalidValue;
+}
+
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_tokens(std::span<DeviceMatrix<P> const* const> ws, float const* x, int tokens, float* y,
+                                       cudaStream_t stream, InputPrologue const& pro, float const* residual) {
+  bool ok = false;
+  kernels::MultiArgs a = kernels::multi_args<P>(ws.data(), int(ws.size()), y, residual, ok);
+  if (!ok || tokens < 1) return cudaErrorInvalidValue;
+  if (pro.head_ss && (pro.head <= 0 || a.m[0].cols % pro.head != 0 || pro.ss_parts < 1)) return cudaErrorInvalidValue;
+  a.tokens = tokens;
+  a.x_ld = a.m[0].cols;
+  a.ss_ld = pro.head_ss ? a.m[0].cols / pro.head * pro.ss_parts : 0;
+  for (int i = 0; i < a.count; ++i) a.out_ld[i] = a.row_begin[a.count];
+  return kernels::launch_matvec_args<P>(a, x, pro, {}, stream);
 }
 
 }  // namespace ling::cuda

@@ -304,6 +304,15 @@ template <quant::weight_policy P>
 cudaError_t launch_matvec_multi_preload(std::span<DeviceMatrix<P> const* const> ws, float const* x, float* y,
                                         cudaStream_t stream);
 
+// `tokens` input rows at once (a speculative verification step): x [tokens][cols], y [tokens][Σ rows] (each token's
+// outputs concatenated as launch_matvec_multi's), residual (may alias y) in y's layout, pro's gate [tokens][cols] and
+// head_ss [tokens][heads · ss_parts]. Token k's outputs are the bits of the same launch with tokens = 1 on its input.
+// Block and row FP8 at two tokens read each weight row once (matvec_lane_kernel); other policies and token counts run
+// one launch per token. The argmax epilogue is not offered here.
+template <quant::weight_policy P>
+cudaError_t launch_matvec_multi_tokens(std::span<DeviceMatrix<P> const* const> ws, float const* x, int tokens, float* y,
+                                       cudaStream_t stream, InputPrologue const& pro = {},
+                                       float const* residual = nullptr);
 // Launches of the preloaded matvec that the CUDA model made in this process (its LING_MATVEC_PRELOAD=1 path): the
 // tests check that it ran, since the model streams a matrix whose rows do not fit instead.
 inline std::atomic<int>& matvec_preload_launches() {

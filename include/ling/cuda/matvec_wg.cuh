@@ -526,7 +526,7 @@ inline bool matvec_wg_supported(MultiArgs const& a) {
   if constexpr (!std::is_same_v<P, quant::Fp8Block>) {
     return false;
   } else {
-    if (a.count <= 0 || a.count > kMaxMultiMatrices) return false;
+    if (a.count <= 0 || a.count > kMaxMultiMatrices || a.tokens != 1) return false;
     std::int64_t const cols = a.m[0].cols;
     if (cols <= 0 || cols % 512 != 0 || cols > kWgvMaxCols) return false;  // whole rows of scales in 16-byte units
     for (int i = 0; i < a.count; ++i)

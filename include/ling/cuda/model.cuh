@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -32,8 +33,21 @@ namespace ling::cuda {
 
 enum class WeightKind { kEmbedding, kHead, kRouter, kDense, kExpert };
 
+// step_tokens: token k's position, then the position advanced by the pass's tokens (one thread each; templates, so
+// that every translation unit may hold them).
+template <int = 0>
+__global__ void positions_next_kernel(std::int32_t* pos, int n) {
+  for (int k = 1; k < n; ++k) pos[k] = pos[0] + k;
+}
+template <int = 0>
+__global__ void positions_advance_kernel(std::int32_t* pos, int n) {
+  pos[0] += n;
+}
+
 class CudaModel {
  public:
+  static constexpr int kMaxTokens = 2;  // tokens per step_tokens pass
+
   // ---- construction -------------------------------------------------------------------------------
   static std::unique_ptr<CudaModel> from_checkpoint(io::CheckpointWeights const& w, ModelConfig const& c, CudaModelOptions o = {}) {
     std::unique_ptr<CudaModel> m(new CudaModel(c, o));
@@ -87,14 +101,55 @@ class CudaModel {
     check(cudaMemcpyAsync(token_dev_, host_token_, 4, cudaMemcpyHostToDevice, stream_), "token upload");
     launch_step();
   }
+  // Decode steps of several tokens in one pass (up to kMaxTokens; speculative decoding's verification of a draft):
+  // tokens[k] at position() + k. Their logits land in logits_device() as [n][vocab] (download_logits(host, n)), the
+  // bits n step() calls give; each weight of the matvecs is read once for all of them, the KDA steps, MLA attention
+  // and MoE run per token. No argmax (the caller samples), and the opt-in probes LING_PREDICT and LING_AHEAD are not
+  // taken. One token is step().
+  void step_tokens(std::span<std::int32_t const> tokens) {
+    std::int64_t const n = std::int64_t(tokens.size());
+    require(n >= 1 && n <= kMaxTokens, ErrorCode::kInvalidArgument,
+            "step_tokens: " + std::to_string(n) + " tokens (1 to " + std::to_string(kMaxTokens) + " per pass)");
+    if (n == 1) return step(tokens[0]);
+    for (std::int32_t t : tokens)
+      require(t >= 0 && t < c_.vocab_size, ErrorCode::kInvalidArgument,
+              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) +
+                  ")");
+    require(pos_ + n <= max_ctx_, ErrorCode::kOutOfRange,
+            "context overflow: positions " + std::to_string(pos_) + " to " + std::to_string(pos_ + n - 1) +
+                " pass the maximum context of " + std::to_string(max_ctx_));
+    require(takes_tokens(), ErrorCode::kUnsupported,
+            "step_tokens: the probes LING_PREDICT and LING_AHEAD run with one token per step");
+    for (std::int64_t k = 0; k < n; ++k) host_token_[k] = tokens[std::size_t(k)];
+    check(cudaMemcpyAsync(token_dev_, host_token_, std::size_t(4 * n), cudaMemcpyHostToDevice, stream_),
+          "token upload");
+    bool const s0 = pos_ < opt_.mla_short, s1 = pos_ + n - 1 < opt_.mla_short;
+    replay(graph_tokens_[s0 + s1], [&](cudaStream_t st) { enqueue_step(st, s0, int(n), s1); });
+    pos_ += n;
+    last_tokens_ = int(n);
+  }
+  // Whether step_tokens takes more than one token (not with the probes LING_PREDICT and LING_AHEAD).
+  bool takes_tokens() const { return !predict_ && !ahead_buf_.data(); }
   // One more step on the token the previous step chose (greedy, no host work): for benchmarks.
   void step_greedy() {
     require(pos_ < max_ctx_, ErrorCode::kOutOfRange, "context overflow");
     launch_step();
   }
   void synchronize() { check(cudaStreamSynchronize(stream_), "decode step"); }
-  void download_logits(float* host) {
-    check(cudaMemcpyAsync(host, logits_, std::size_t(c_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_), "logits download");
+  // The last pass's logits: its first `tokens` rows ([tokens][vocab]; a step_tokens pass has one per token).
+  void download_logits(float* host, int tokens = 1) {
+    require(tokens >= 1 && tokens <= last_tokens_, ErrorCode::kInvalidArgument,
+            "download_logits: " + std::to_string(tokens) + " rows of a pass of " + std::to_string(last_tokens_) +
+                " tokens");
+    std::size_t const bytes = std::size_t(c_.vocab_size) * 4 * std::size_t(tokens);
+    check(cudaMemcpyAsync(host, logits_, bytes, cudaMemcpyDeviceToHost, stream_), "logits download");
+    synchronize();
+  }
+  // The last token's logits of the last pass.
+  void download_last_logits(float* host) {
+    std::size_t const V = std::size_t(c_.vocab_size);
+    check(cudaMemcpyAsync(host, logits_ + std::size_t(last_tokens_ - 1) * V, V * 4, cudaMemcpyDeviceToHost, stream_),
+          "logits download");
     synchronize();
   }
   std::int32_t argmax() {
@@ -293,7 +348,7 @@ class CudaModel {
     require(c.num_experts_per_tok <= ops::kMaxTopK, ErrorCode::kUnsupported,
             c.source + ": num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " > " + std::to_string(ops::kMaxTopK));
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream");
-    check(cudaMallocHost(&host_token_, 4), "pinned token");
+    check(cudaMallocHost(&host_token_, 4 * kMaxTokens), "pinned token");
     int dev = 0;
     check(cudaGetDevice(&dev), "device");
     check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev), "SM count");
@@ -529,21 +584,23 @@ class CudaModel {
       }
     }
     // activations and scratch
-    x_ = scratch<float>(D);
-    xq_ = scratch<float>(P), xk_ = scratch<float>(P), xv_ = scratch<float>(P), xf_ = scratch<float>(P), xg_ = scratch<float>(P);
-    xb_ = scratch<float>(H), o_ = scratch<float>(P);
-    o_ss_ = scratch<float>(H * kda_ss_parts(int(c.head_dim)));
-    mq_ = scratch<float>(Hm * c.qk_head_dim());
-    mqa_ = scratch<float>(c.q_lora_rank ? *c.q_lora_rank : 1);
-    mkv_ = scratch<float>(L);
-    mgate_ = scratch<float>(Hm * c.v_head_dim);
+    // activations of up to kMaxTokens tokens (step_tokens), token k's at k times the one-token size
+    constexpr std::int64_t T = kMaxTokens;
+    x_ = scratch<float>(T * D);
+    xq_ = scratch<float>(T * P), xk_ = scratch<float>(T * P), xv_ = scratch<float>(T * P), xf_ = scratch<float>(T * P);
+    xg_ = scratch<float>(T * P), xb_ = scratch<float>(T * H), o_ = scratch<float>(T * P);
+    o_ss_ = scratch<float>(T * H * kda_ss_parts(int(c.head_dim)));
+    mq_ = scratch<float>(T * Hm * c.qk_head_dim());
+    mqa_ = scratch<float>(T * (c.q_lora_rank ? *c.q_lora_rank : 1));
+    mkv_ = scratch<float>(T * L);
+    mgate_ = scratch<float>(T * Hm * c.v_head_dim);
     splits_ = std::max(1, sms_);
     q_hat_ = scratch<float>(Hm * L);
     part_o_ = scratch<float>(std::int64_t(splits_) * Hm * c.kv_lora_rank);
     part_ml_ = scratch<float>(std::int64_t(splits_) * Hm * 2);
     o_lat_ = scratch<float>(Hm * c.kv_lora_rank);
     if (Hm > 0 && mla_dims_.use_rope) mla_rope_cs_ = scratch<float>(std::int64_t(kMlaShortMaxLen) * mla_dims_.rope);
-    mo_ = scratch<float>(Hm * c.v_head_dim);
+    mo_ = scratch<float>(T * Hm * c.v_head_dim);
     router_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
     if (predict_) {
       pred_logits_ = scratch<float>(std::max<std::int64_t>(c.num_experts, 1));
@@ -553,7 +610,7 @@ class CudaModel {
     sel_idx_ = scratch<int>(ops::kMaxTopK);
     sel_w_ = scratch<float>(ops::kMaxTopK);
     act_ = scratch<float>(act_max);
-    logits_ = scratch<float>(V);
+    logits_ = scratch<float>(T * V);
     logits_alt_ = scratch<float>(V);
     // caches and counters: one contiguous region, zeroed by reset()
     std::size_t cache_start = (arena_.used + 255) / 256 * 256;
@@ -571,9 +628,9 @@ class CudaModel {
     head_counter_ = scratch<unsigned>(1);
     tail_counter_ = scratch<unsigned>(1);
     if (trace_enabled()) trace_ = scratch<unsigned long long>(std::int64_t(layers_.size()) * kTraceSlots * ops::kTraceRegion);
-    token_dev_ = scratch<std::int32_t>(1);
+    token_dev_ = scratch<std::int32_t>(kMaxTokens);
     scratch_token_ = scratch<std::int32_t>(1);
-    pos_dev_ = scratch<std::int32_t>(1);
+    pos_dev_ = scratch<std::int32_t>(kMaxTokens);  // [0]: the step's position; [k]: token k's (step_tokens)
     cache_bytes_ = arena_.used - cache_start;
   }
 
@@ -603,6 +660,11 @@ class CudaModel {
     if (opt_.mla_short > 0) {  // the short-context step's own kernels too (CudaModelOptions::mla_short)
       reset();
       enqueue_step(stream_, true);
+      synchronize();
+    }
+    if (!predict_ && !ahead_buf_.data()) {  // and step_tokens' (the matvecs' two-token instances)
+      reset();
+      enqueue_step(stream_, opt_.mla_short > 1, kMaxTokens, opt_.mla_short > 1);
       synchronize();
     }
     reset();
@@ -784,9 +846,24 @@ class CudaModel {
   // short_mla: the MLA layers' attention chain in one launch (CudaModelOptions::mla_short; only for positions below
   // it: mla_short_kernel's contract), where mla_short_fits (a cluster per head with mla_short_cluster, where that
   // fits too); else the usual launches.
-  void enqueue_step(cudaStream_t st, bool short_mla) {
+  // tokens (1 or kMaxTokens, step_tokens): token k at position pos_dev_[k]; its activations at k times the one-token
+  // size. The matvecs read their weights once for all tokens (MultiArgs::tokens); the KDA steps, the MLA attention and
+  // the MoE run once per token, in token order. short_mla: the first token's MLA chain in one launch; short_next: the
+  // later tokens'. Two tokens end with their logits [2][vocab] and no argmax; one token as the decode step always did.
+  void positions_next(cudaStream_t st, int tokens) {
+    positions_next_kernel<0><<<1, 1, 0, st>>>(pos_dev_, tokens);
+    check(cudaGetLastError(), "positions");
+  }
+  void positions_advance(cudaStream_t st, int tokens) {
+    positions_advance_kernel<0><<<1, 1, 0, st>>>(pos_dev_, tokens);
+    check(cudaGetLastError(), "positions");
+  }
+  void enqueue_step(cudaStream_t st, bool short_mla, int tokens = 1, bool short_next = false) {
     ModelConfig const& c = c_;
-    embedding({embed_, token_dev_, x_, 1}, st);
+    std::int64_t const D = c.hidden_size, P = c.kda_width(), Hk = c.num_attention_heads;
+    std::int64_t const ssn = Hk * kda_ss_parts(int(c.head_dim));
+    if (tokens > 1) positions_next(st, tokens);
+    embedding({embed_, token_dev_, x_, tokens}, st);
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       Layer& l = layers_[i];
       trace_at(i, 0);
@@ -802,76 +879,85 @@ class CudaModel {
                        {&l.k.g, xg_},
                        {&l.k.b, xb_},
                        {&l.f.pred, pred_logits_}},
-                      tail_);
+                      tail_, tokens);
         }
-        KdaStepArgs ka;
-        ka.heads = int(c.num_attention_heads);
-        ka.head_dim = int(c.head_dim);
-        ka.conv_kernel = int(c.short_conv_kernel_size);
-        ka.safe_gate = c.kda_safe_gate;
-        ka.lower_bound = float(c.kda_lower_bound);
-        ka.x_q = xq_, ka.x_k = xk_, ka.x_v = xv_, ka.f = xf_, ka.b = xb_;
-        ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
-        ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_, ka.position = pos_dev_;
-        ka.o_ss = kda_ss_on() ? o_ss_ : nullptr;
-        bool const gated = ka.o_ss && kda_gate_on();
-        if (gated) ka.out_gate = xg_, ka.out_norm_w = l.k.o_norm;
-        ka.state_before_wait = replayed_graph() && kda_state_early_env();
-        ka.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
-        // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
-        ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
-        if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
-          ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
-          ka.n_ahead = ahead_n_[i];
+        for (int t = 0; t < tokens; ++t) {
+          std::int64_t const tp = t * P;
+          KdaStepArgs ka;
+          ka.heads = int(c.num_attention_heads);
+          ka.head_dim = int(c.head_dim);
+          ka.conv_kernel = int(c.short_conv_kernel_size);
+          ka.safe_gate = c.kda_safe_gate;
+          ka.lower_bound = float(c.kda_lower_bound);
+          ka.x_q = xq_ + tp, ka.x_k = xk_ + tp, ka.x_v = xv_ + tp, ka.f = xf_ + tp, ka.b = xb_ + t * Hk;
+          ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
+          ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_ + tp, ka.position = pos_dev_ + t;
+          ka.o_ss = kda_ss_on() ? o_ss_ + t * ssn : nullptr;
+          bool const gated = ka.o_ss && kda_gate_on();
+          if (gated) ka.out_gate = xg_ + tp, ka.out_norm_w = l.k.o_norm;
+          // a later token's state and ring are the earlier token's step's outputs: after the wait
+          ka.state_before_wait = t == 0 && replayed_graph() && kda_state_early_env();
+          ka.trace = trace_ && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+          // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
+          ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
+          if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
+            ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
+            ka.n_ahead = ahead_n_[i];
+          }
+          if (predict) {
+            FfnL const& f = l.f;
+            KdaPredict& pr = ka.predict;
+            pr.logits = pred_logits_, pr.bias = f.bias;
+            pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
+            pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
+            pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
+            pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+            pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+            pr.down = predict_ >= 2;
+            pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+          }
+          if (!skipped("kstep")) kda_step(ka, st);
         }
-        if (predict) {
-          FfnL const& f = l.f;
-          KdaPredict& pr = ka.predict;
-          pr.logits = pred_logits_, pr.bias = f.bias;
-          pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
-          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
-          pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
-          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
-          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
-          pr.down = predict_ >= 2;
-          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
-        }
-        if (!skipped("kstep")) kda_step(ka, st);
         trace_at(i, 2);
         int const hd = int(c.head_dim);
         float const eps = float(c.rms_norm_eps);
+        bool const ss = kda_ss_on(), gated = ss && kda_gate_on();
         ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
                                      : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
         po.flags = prologue_flags();
-        if (ka.o_ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
-        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}});
+        if (ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
+        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}}, {}, tokens);
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_);
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_, tokens);
           ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
-          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_);
+          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_, tokens);
         } else {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_);
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_, tokens);
         }
-        MlaDecodeArgs ma;
-        ma.d = mla_dims_;
-        ma.q = mq_, ma.kv_a = mkv_, ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
-        ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_;
-        ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
-        ma.combine = mla_env().combine;
-        if (short_mla && mla_short_fits(ma)) {
-          ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
-          ma.trace = trace_ ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
-          ma.trace_mid = mla_env().trace_mid;
-          ma.early = replayed_graph() && mla_early_env();
-          ma.rope_cs = mla_rope_cs_;
+        std::int64_t const qn = c.mla_num_heads * c.qk_head_dim(), vn = c.mla_num_heads * c.v_head_dim;
+        for (int t = 0; t < tokens; ++t) {
+          MlaDecodeArgs ma;
+          ma.d = mla_dims_;
+          ma.q = mq_ + t * qn, ma.kv_a = mkv_ + t * mla_dims_.latent(), ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
+          ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_ + t;
+          ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
+          ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
+          ma.combine = mla_env().combine;
+          if ((t == 0 ? short_mla : short_next) && mla_short_fits(ma)) {
+            ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
+            ma.trace = trace_ && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
+            ma.trace_mid = mla_env().trace_mid;
+            // a later token attends to the earlier token's cache row: read after the wait
+            ma.early = t == 0 && replayed_graph() && mla_early_env();
+            ma.rope_cs = mla_rope_cs_;
+          }
+          int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
+          ops::trace_next() = nullptr;
+          mla_decode(ma, mgate_ + t * l.m.g.rows, gate_mode, mo_ + t * vn, st);
         }
-        int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
-        ops::trace_next() = nullptr;
-        mla_decode(ma, mgate_, gate_mode, mo_, st);
         trace_at(i, 2);
-        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}});
+        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}}, {}, tokens);
       }
       FfnL& f = l.f;
       ops::MoeArgs a;
@@ -909,8 +995,12 @@ class CudaModel {
         a.shared_limit = 0.f;  // the dense MLP has no clamp
       }
       a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
-      trace_at(i, 4);  // B: region 5
-      ops::moe(st, x_, norm_pa(l.post_norm), a, f.routed, f.sg.format, x_, x_);
+      for (int t = 0; t < tokens; ++t) {
+        if (t == 0) trace_at(i, 4);  // B: region 5
+        else ops::trace_next() = nullptr;
+        float* const xt = x_ + t * D;
+        ops::moe(st, xt, norm_pa(l.post_norm), a, f.routed, f.sg.format, xt, xt);
+      }
       if (recording_ && f.pred.rows)  // predict_step: the real picks beside the predicted ones
         check(cudaMemcpyAsync(act_rec_ + std::int64_t(i) * ops::kMaxTopK, sel_idx_,
                               std::size_t(c.num_experts_per_tok) * 4, cudaMemcpyDeviceToDevice, st),
@@ -918,7 +1008,13 @@ class CudaModel {
     }
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::trace_next() = nullptr;
-    if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, logits_, aa);
+    ModelMatrix const& head = opt_.lm_head_fp8 ? head_fp8_ : head_src_;
+    if (tokens == 1) {
+      if (!skipped("head")) ops::head(st, x_, norm_pa(final_norm_), head, logits_, aa);
+    } else {
+      if (!skipped("head")) ops::matvec(st, x_, norm_pa(final_norm_), {{&head, logits_}}, {}, tokens);
+      positions_advance(st, tokens);
+    }
   }
 
   // The MLA attention's switches, read once (unset: 0, the automatic choice):
@@ -946,7 +1042,7 @@ class CudaModel {
   }
 
   void drop_graph() {
-    for (cudaGraphExec_t* g : {&graph_exec_, &graph_short_}) {
+    for (cudaGraphExec_t* g : {&graph_exec_, &graph_short_, &graph_tokens_[0], &graph_tokens_[1], &graph_tokens_[2]}) {
       if (*g) cudaGraphExecDestroy(*g);
       *g = nullptr;
     }
@@ -955,10 +1051,16 @@ class CudaModel {
   // Positions below CudaModelOptions::mla_short run the short-context step (its own graph), the others the usual one.
   void launch_step() {
     bool const short_mla = pos_ < opt_.mla_short;
+    replay(short_mla ? graph_short_ : graph_exec_, [&](cudaStream_t st) { enqueue_step(st, short_mla); });
+    ++pos_;
+    last_tokens_ = 1;
+  }
+  // Runs enqueue(stream_): eagerly without CudaModelOptions::use_graph, else as graph_exec (captured at first use).
+  template <class Enqueue>
+  void replay(cudaGraphExec_t& graph_exec, Enqueue&& enqueue) {
     if (!opt_.use_graph) {
-      enqueue_step(stream_, short_mla);
+      enqueue(stream_);
     } else {
-      cudaGraphExec_t& graph_exec = short_mla ? graph_short_ : graph_exec_;
       if (!graph_exec) {
         // Kernel attributes (dynamic shared memory limits) are set on the host during the first enqueue: do it once
         // outside the capture on a throwaway stream state, then capture. The eager pass must not change the caches,
@@ -966,7 +1068,7 @@ class CudaModel {
         cudaGraph_t g = nullptr;
         check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
         try {
-          enqueue_step(stream_, short_mla);
+          enqueue(stream_);
         } catch (...) {
           cudaStreamEndCapture(stream_, &g);
           if (g) cudaGraphDestroy(g);
@@ -978,7 +1080,6 @@ class CudaModel {
       }
       check(cudaGraphLaunch(graph_exec, stream_), "graph launch");
     }
-    ++pos_;
   }
 
   ModelConfig c_;
@@ -986,6 +1087,7 @@ class CudaModel {
   io::CheckpointWeights const* ckpt_ = nullptr;
   std::uint64_t seed_ = 0;
   std::int64_t max_ctx_ = 0, pos_ = 0;
+  int last_tokens_ = 1;  // tokens of the last pass (step: 1; step_tokens: its count)
   int sms_ = 132, splits_ = 1;
   MlaDims mla_dims_;
   Arena arena_;
@@ -1024,6 +1126,8 @@ class CudaModel {
   cudaGraphExec_t graph_exec_ = nullptr;
   // the short-context step (CudaModelOptions::mla_short), captured at first use
   cudaGraphExec_t graph_short_ = nullptr;
+  // step_tokens' passes, by how many of their tokens run the short-context MLA chain (0: none, 1: the first, 2: both)
+  cudaGraphExec_t graph_tokens_[3] = {};
   unsigned long long* trace_ = nullptr;  // LING_TRACE: layers × 6 regions (arena)
 };
 

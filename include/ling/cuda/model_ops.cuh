@@ -265,9 +265,11 @@ struct MatvecTail {
 
 // out_i = W_i · prologue(x) (+ residual_i) for every matrix sharing cols: one launch per distinct (format, layout)
 // (one launch in all when the projections share a format, as in the -fp8/-fp4 checkpoints), with `tail` for the
-// block-FP8 launches.
+// block-FP8 launches. tokens > 1: x [tokens][cols], out_i and residual_i [tokens][rows_i], the prologue's gate and
+// head partials per token likewise (MultiArgs::tokens: each weight row read once for all tokens where the kernel
+// takes them, token k's outputs the bits of a one-token call on its rows).
 inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std::initializer_list<MatvecOut> list,
-                   MatvecTail const& tail = {}) {
+                   MatvecTail const& tail = {}, int tokens = 1) {
   constexpr int kMax = kMaxMultiMatrices;
   require(list.size() <= std::size_t(kMax), ErrorCode::kInternal, "matvec: too many matrices");
   std::int64_t const cols = list.begin()->m->cols;
@@ -296,7 +298,11 @@ inline void matvec(cudaStream_t st, float const* x, PrologueArgs const& pa, std:
         a.residual[n] = o.residual;
         a.task_begin[n + 1] = a.task_begin[n] + (o.m->rows + NR - 1) / NR;
         a.row_begin[n + 1] = a.row_begin[n] + o.m->rows;
+        a.out_ld[n] = o.m->rows;
       }
+      a.tokens = tokens;
+      a.x_ld = cols;
+      a.ss_ld = pa.head_ss && pa.head > 0 ? cols / pa.head * pa.ss_parts : 0;
       a.trace = trace_next();
       if constexpr (std::is_same_v<P, quant::Fp8Block>) {
         if (tail.counter && tail.percent > 0) {

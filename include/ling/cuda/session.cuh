@@ -1,6 +1,7 @@
 #pragma once
 // Definitions of cuda/session.hpp. Include in exactly one .cu file of a program (they are not inline, so that plain
 // C++ files can call them through session.hpp).
+#include <algorithm>
 #include <string>
 
 #include "ling/cuda/model.cuh"
@@ -42,11 +43,13 @@ CudaSession CudaSession::open(std::filesystem::path const& dir, CudaModelOptions
 std::span<float const> CudaSession::prefill(std::span<std::int32_t const> tokens) {
   impl_->check_prompt(tokens);
   CudaModel& m = *impl_->model;
-  for (auto t : tokens) {
-    m.step(t);
-    m.synchronize();  // the pinned token slot is reused by the next step
+  for (std::size_t i = 0; i < tokens.size();) {
+    std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
+    m.step_tokens(tokens.subspan(i, n));
+    m.synchronize();  // the pinned token slots are reused by the next pass
+    i += n;
   }
-  m.download_logits(impl_->logits.data());
+  m.download_last_logits(impl_->logits.data());
   return impl_->logits;
 }
 
@@ -55,9 +58,11 @@ std::span<float const> CudaSession::prefill_all(std::span<std::int32_t const> to
   CudaModel& m = *impl_->model;
   std::size_t const V = std::size_t(m.vocab_size());
   impl_->all.resize(tokens.size() * V);
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    m.step(tokens[i]);
-    m.download_logits(impl_->all.data() + i * V);
+  for (std::size_t i = 0; i < tokens.size();) {
+    std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
+    m.step_tokens(tokens.subspan(i, n));
+    m.download_logits(impl_->all.data() + i * V, int(n));
+    i += n;
   }
   return impl_->all;
 }

@@ -3,8 +3,9 @@
 // decode(token) -> logits, reset(), position(), vocab_size(). Plain C++ (pimpl): the definitions are in
 // session.cuh, which exactly one .cu file of a program includes (in the `ling` CLI: examples/ling/cmd_bench.cu).
 //
-// Prefill is correct for any length but simple: it replays the decode graph once per prompt token (KDA strictly
-// sequential, MLA filling the latent cache), downloading logits only for the last token.
+// Prefill is correct for any length but simple: it replays the decode pass over two prompt tokens at a time
+// (CudaModel::step_tokens: the matvecs read each weight once for both; KDA strictly sequential, MLA filling the latent
+// cache), downloading logits only for the last token. Its logits are the bits of one decode step per token.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
