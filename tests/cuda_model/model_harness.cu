@@ -142,6 +142,50 @@ TokensCompare step_tokens_flash(std::string const& config_json, int layers, std:
   return compare_tokens(*m, feed);
 }
 
+TokensCompare rewind_checkpoint(std::string const& dir, int mla_short) {
+  io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);
+  cuda::CudaModelOptions o;
+  o.max_context = 64;
+  o.mla_short = mla_short;
+  auto m = cuda::CudaModel::from_checkpoint(w, ckpt.config(), o);
+  std::size_t const V = std::size_t(m->vocab_size());
+  std::vector<std::int32_t> feed(10);
+  for (std::size_t i = 0; i < feed.size(); ++i) feed[i] = std::int32_t((i * 29 + 3) % 256);
+  std::vector<float> one(feed.size() * V), got(feed.size() * V, NAN), two(2 * V);
+  m->reset();
+  for (std::size_t i = 0; i < feed.size(); ++i) {
+    m->step(feed[i]);
+    m->download_logits(one.data() + i * V);
+  }
+  m->reset();
+  auto single = [&](std::size_t i) {
+    m->step(feed[i]);
+    m->download_logits(got.data() + i * V);
+  };
+  auto pass = [&](std::size_t i, std::int32_t second, bool keep) {  // feed[i] and `second`; keep: second is feed[i + 1]
+    std::int32_t const t[2] = {feed[i], second};
+    m->step_tokens(t);
+    m->download_logits(two.data(), 2);
+    std::copy(two.begin(), two.begin() + std::ptrdiff_t(V), got.begin() + std::ptrdiff_t(i * V));
+    if (keep) std::copy(two.begin() + std::ptrdiff_t(V), two.end(), got.begin() + std::ptrdiff_t((i + 1) * V));
+    else m->rewind(1);
+  };
+  single(0), single(1), single(2);
+  pass(3, 77, false);  // a wrong draft taken back: position 4 next
+  pass(4, feed[5], true);
+  pass(6, 199, false);
+  single(7);
+  pass(8, feed[9], true);
+  TokensCompare r;
+  for (std::size_t i = 0; i < one.size(); ++i) {
+    ++r.compared;
+    r.differing += std::memcmp(&one[i], &got[i], sizeof(float)) != 0;
+    r.nan += std::isnan(got[i]);
+  }
+  return r;
+}
+
 TokensRefusals step_tokens_refusals(std::string const& dir) {
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
   io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);
@@ -156,9 +200,24 @@ TokensRefusals step_tokens_refusals(std::string const& dir) {
     }
     return -1;
   };
+  auto rewind_code = [&](int n) {
+    try {
+      m->rewind(n);
+    } catch (Error const& e) {
+      return int(e.code());
+    }
+    return -1;
+  };
   TokensRefusals r;
   r.too_many = code({1, 2, 3});
   r.bad_id = code({1, std::int32_t(m->vocab_size())});
+  m->step(1);
+  r.rewind_single = rewind_code(1);
+  (void)code({1, 2});
+  r.rewind_two = rewind_code(2);
+  (void)rewind_code(1);
+  r.rewind_twice = rewind_code(1);
+  m->reset();
   for (int i = 0; i < 7; ++i) m->step(1);  // position 7 of 8: room for one token
   r.overflow = code({1, 2});
   std::vector<float> l(static_cast<std::size_t>(m->vocab_size()));

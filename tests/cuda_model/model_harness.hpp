@@ -46,10 +46,14 @@ TokensCompare step_tokens_checkpoint(std::string const& dir, std::vector<std::in
 // Ling-3.0-flash's widths cut to `layers` layers (as flash_random_steps).
 TokensCompare step_tokens_flash(std::string const& config_json, int layers, std::uint64_t seed,
                                 std::vector<std::int32_t> const& feed, int mla_short);
+// CudaModel::rewind(1) after a pass of two (a rejected draft): 10 tokens fed as single steps and passes, two passes
+// with a wrong second token taken back; every logits row of the kept tokens against one step per token.
+TokensCompare rewind_checkpoint(std::string const& dir, int mla_short);
 // The refusals of step_tokens on the checkpoint in `dir` (max_context 8): the ling::Error codes of too many tokens, an
-// id outside the vocabulary, a pass past the context; then whether the model still decodes (a step after them).
+// id outside the vocabulary, a pass past the context, and of rewind(1) after a single step, rewind(2) after a pass,
+// rewind(1) twice; then whether the model still decodes (a step after them).
 struct TokensRefusals {
-  int too_many = -1, bad_id = -1, overflow = -1;
+  int too_many = -1, bad_id = -1, overflow = -1, rewind_single = -1, rewind_two = -1, rewind_twice = -1;
   bool still_decodes = false;
 };
 TokensRefusals step_tokens_refusals(std::string const& dir);

@@ -653,7 +653,8 @@ TEST_CASE("two tokens in one pass (step_tokens) = one decode step per token, bit
         CAPTURE(n);
         CAPTURE(fp8);
         CAPTURE(graph);
-        auto const r = ling::test_gpu::step_tokens_checkpoint(std::string(LING_TEST_DATA) + "/" + n, feed, 5, fp8, graph);
+        std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
+        auto const r = ling::test_gpu::step_tokens_checkpoint(dir, feed, 5, fp8, graph);
         CHECK(r.compared > 0);
         CHECK(r.differing == 0);
         CHECK(r.nan == 0);
@@ -678,11 +679,27 @@ TEST_CASE("two tokens in one pass (step_tokens) = one decode step per token, bit
   }
 }
 
-TEST_CASE("step_tokens refuses too many tokens, a bad id and a pass past the context, and the model goes on") {
+// rewind(1) after a pass (a rejected draft) restores the KDA states kept after the pass's first token: the next tokens'
+// logits are the bits of a run that never saw the draft, on every checkpoint, with passes on and off the short chain.
+TEST_CASE("rewind(1) after a pass of two = the pass's first token alone, bit for bit") {
+  if (!ling::cuda::device_available()) return;
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    CAPTURE(n);
+    auto const r = ling::test_gpu::rewind_checkpoint(std::string(LING_TEST_DATA) + "/" + n, 5);
+    CHECK(r.compared > 0);
+    CHECK(r.differing == 0);
+    CHECK(r.nan == 0);
+  }
+}
+
+TEST_CASE("step_tokens and rewind refuse what they cannot do, and the model goes on") {
   if (!ling::cuda::device_available()) return;
   auto const r = ling::test_gpu::step_tokens_refusals(std::string(LING_TEST_DATA) + "/ling-a-bf16");
   CHECK(r.too_many == int(ling::ErrorCode::kInvalidArgument));
   CHECK(r.bad_id == int(ling::ErrorCode::kInvalidArgument));
   CHECK(r.overflow == int(ling::ErrorCode::kOutOfRange));
+  CHECK(r.rewind_single == int(ling::ErrorCode::kInvalidArgument));
+  CHECK(r.rewind_two == int(ling::ErrorCode::kInvalidArgument));
+  CHECK(r.rewind_twice == int(ling::ErrorCode::kInvalidArgument));
   CHECK(r.still_decodes);
 }

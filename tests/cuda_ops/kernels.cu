@@ -35,9 +35,9 @@ template cudaError_t launch_matvec_multi_tail<quant::Fp8Block>(std::span<DeviceM
                                                                float const*, float*, cudaStream_t, unsigned*, int);
 template cudaError_t launch_matvec_multi_tail<quant::Bf16>(std::span<DeviceMatrix<quant::Bf16> const* const>,
                                                            float const*, float*, cudaStream_t, unsigned*, int);
-#define LING_TEST_TOKENS(P)                                                                                          \
-  template cudaError_t launch_matvec_multi_tokens<P>(std::span<DeviceMatrix<P> const* const>, float const*, int, float*, \
-                                                     cudaStream_t, InputPrologue const&, float const*);
+#define LING_TEST_TOKENS(P)                                                                                   \
+  template cudaError_t launch_matvec_multi_tokens<P>(std::span<DeviceMatrix<P> const* const>, float const*, int, \
+                                                     float*, cudaStream_t, InputPrologue const&, float const*);
 LING_TEST_TOKENS(quant::Fp8Block)
 LING_TEST_TOKENS(quant::Fp8Row)
 LING_TEST_TOKENS(quant::Bf16)

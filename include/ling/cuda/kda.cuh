@@ -136,7 +136,11 @@ __global__ void __launch_bounds__(kKdaThreads) kda_step_kernel(KdaStepArgs a) {
   float const d = delta[lane];
   if (vok)
 #pragma unroll 16
-    for (int k = warp; k < K; k += nwarps) S[std::int64_t(k) * V + v] = tile[k * kKdaCols + lane] + ks[k] * d;
+    for (int k = warp; k < K; k += nwarps) {
+      float const s = tile[k * kKdaCols + lane] + ks[k] * d;
+      S[std::int64_t(k) * V + v] = s;
+      if (a.state_copy) a.state_copy[(std::int64_t(h) * K + k) * V + v] = s;
+    }
 }
 
 inline constexpr int kKdaFastThreads = 128;
@@ -419,6 +423,7 @@ __global__ void __launch_bounds__(kKdaFastThreads) kda_step_fast_kernel(KdaStepA
       x.z += kn[j] * dl[2];
       x.w += kn[j] * dl[3];
       *reinterpret_cast<float4*>(S + std::int64_t(r) * V + vc) = x;
+      if (a.state_copy) *reinterpret_cast<float4*>(a.state_copy + (std::int64_t(h) * K + r) * V + vc) = x;
     }
   }
   ops::trace_end(a.trace);
@@ -437,7 +442,8 @@ inline bool kda_fast_fits(int head_dim, int conv_kernel) {
 
 inline void kda_step(KdaStepArgs const& a, cudaStream_t st = nullptr) {
   require(a.heads > 0 && a.head_dim > 0 && a.conv_kernel >= 1, ErrorCode::kInvalidArgument, "kda_step: bad dims");
-  bool const fast = kda_fast_fits(a.head_dim, a.conv_kernel) && reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0;
+  bool const fast = kda_fast_fits(a.head_dim, a.conv_kernel) && reinterpret_cast<std::uintptr_t>(a.state) % 16 == 0 &&
+                    reinterpret_cast<std::uintptr_t>(a.state_copy) % 16 == 0;
   require(a.n_ahead >= 0 && (a.n_ahead == 0 || a.ahead), ErrorCode::kInvalidArgument,
           "kda_step: bad look-ahead ranges");
   KdaPredict const& pr = a.predict;

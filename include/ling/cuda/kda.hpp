@@ -51,6 +51,9 @@ struct KdaStepArgs {
   float const* dt_bias = nullptr; // [P]
   float* ring = nullptr;          // [conv_kernel, 3P]
   float* state = nullptr;         // [H, K, V]
+  // Optional: the new state written here as well ([H, K, V]; CudaModel::step_tokens keeps the state after a pass's
+  // first token there, for a rewind)
+  float* state_copy = nullptr;
   float* o = nullptr;             // [P] o = Sᵀq per head (before the gated norm)
   // [H, ceil(head_dim / kKdaSsCols)] or null: Σ o² over each head's columns [16 s, 16 s + 16), for the gated head norm
   // of the next launch (o_proj's prologue reads these partials instead of reducing the head itself)

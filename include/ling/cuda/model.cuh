@@ -128,6 +128,22 @@ class CudaModel {
     pos_ += n;
     last_tokens_ = int(n);
   }
+  // Takes back the last token of the last step_tokens pass of two (a rejected draft): the KDA states go back to the
+  // ones kept after the pass's first token (copied from KdaL::state_kept: no recomputation), the position by one. The
+  // conv rings and the MLA caches need nothing: the next token at that position writes its slot and row before any
+  // read. The last logits are then the first token's. Once per pass, right after it.
+  void rewind(int n) {
+    require(n == 1 && last_tokens_ == kMaxTokens, ErrorCode::kInvalidArgument,
+            "rewind(" + std::to_string(n) + "): only the last token of a step_tokens pass of " +
+                std::to_string(kMaxTokens) + " tokens can be taken back, right after the pass");
+    std::size_t const bytes =
+        std::size_t(c_.num_attention_heads) * std::size_t(c_.head_dim) * std::size_t(c_.head_dim) * sizeof(float);
+    for (Layer const& l : layers_)
+      if (!l.mla) check(cudaMemcpyAsync(l.k.state, l.k.state_kept, bytes, cudaMemcpyDeviceToDevice, stream_), "rewind");
+    positions_advance(stream_, -1);
+    --pos_;
+    last_tokens_ = 1;
+  }
   // Whether step_tokens takes more than one token (not with the probes LING_PREDICT and LING_AHEAD).
   bool takes_tokens() const { return !predict_ && !ahead_buf_.data(); }
   // One more step on the token the previous step chose (greedy, no host work): for benchmarks.
@@ -287,6 +303,7 @@ class CudaModel {
   struct KdaL {
     ModelMatrix q, k, v, f, g, b, o;
     float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr, *o_norm = nullptr, *state = nullptr, *ring = nullptr;
+    float* state_kept = nullptr;  // step_tokens: the state after the pass's first token (rewind)
   };
   struct MlaL {
     ModelMatrix q, q_a, q_b, kv_a, g, kv_b, dense;
@@ -620,6 +637,7 @@ class CudaModel {
       else {
         l.k.state = scratch<float>(H * K * K);
         l.k.ring = scratch<float>(kc * 3 * P);
+        l.k.state_kept = scratch<float>(H * K * K);
       }
     }
     head_key_ = scratch<unsigned long long>(1);
@@ -892,6 +910,7 @@ class CudaModel {
           ka.x_q = xq_ + tp, ka.x_k = xk_ + tp, ka.x_v = xv_ + tp, ka.f = xf_ + tp, ka.b = xb_ + t * Hk;
           ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
           ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_ + tp, ka.position = pos_dev_ + t;
+          if (tokens > 1 && t == 0) ka.state_copy = l.k.state_kept;  // for rewind(1)
           ka.o_ss = kda_ss_on() ? o_ss_ + t * ssn : nullptr;
           bool const gated = ka.o_ss && kda_gate_on();
           if (gated) ka.out_gate = xg_ + tp, ka.out_norm_w = l.k.o_norm;
@@ -929,11 +948,13 @@ class CudaModel {
         if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}}, {}, tokens);
       } else if (!skipped("mla")) {
         if (c.q_lora_rank) {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_, tokens);
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
+                      tokens);
           ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
           ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_, tokens);
         } else {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_, tokens);
+          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
+                      tokens);
         }
         std::int64_t const qn = c.mla_num_heads * c.qk_head_dim(), vn = c.mla_num_heads * c.v_head_dim;
         for (int t = 0; t < tokens; ++t) {
@@ -952,7 +973,8 @@ class CudaModel {
             ma.early = t == 0 && replayed_graph() && mla_early_env();
             ma.rope_cs = mla_rope_cs_;
           }
-          int gate_mode = c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
+          int const gate_mode =
+              c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
           ops::trace_next() = nullptr;
           mla_decode(ma, mgate_ + t * l.m.g.rows, gate_mode, mo_ + t * vn, st);
         }
