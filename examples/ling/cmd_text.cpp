@@ -106,8 +106,8 @@ void add_generation_flags(CLI::App* c, TextOptions& o) {
   c->add_option("--think", o.think, "detailed thinking on | off")->capture_default_str();
   c->add_flag("--hide-think", o.hide_think, "do not print the <think>...</think> part");
   c->add_option("--draft", o.draft,
-                "speculative decoding: tokens the MTP head drafts per step, 0 (off) or 1 (the CPU session, on a "
-                "model with an MTP layer)")
+                "speculative decoding: tokens the MTP head drafts per step, 0 (off) or 1 (a model with an MTP "
+                "layer; CPU or CUDA)")
       ->capture_default_str();
 }
 

@@ -186,6 +186,36 @@ TokensCompare rewind_checkpoint(std::string const& dir, int mla_short) {
   return r;
 }
 
+MtpRun mtp_checkpoint(std::string const& dir, std::vector<std::int32_t> const& feed) {
+  io::Checkpoint ckpt = io::Checkpoint::open(dir);
+  io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);
+  cuda::CudaModelOptions o;
+  o.max_context = 64;
+  o.lm_head_fp8 = false;  // the CPU's head
+  auto m = cuda::CudaModel::from_checkpoint(w, ckpt.config(), o);
+  MtpRun r;
+  r.has_mtp = m->has_mtp();
+  if (!r.has_mtp) return r;
+  std::vector<float> l(static_cast<std::size_t>(m->vocab_size()));
+  for (std::size_t i = 0; i + 1 < feed.size(); ++i) {
+    m->step(feed[i]);
+    m->mtp_after(std::span<std::int32_t const>(&feed[i + 1], 1));
+    std::fill(l.begin(), l.end(), NAN);
+    m->download_mtp_logits(l.data());
+    r.single.push_back(l);
+    r.draft.push_back(m->mtp_argmax());
+  }
+  m->reset();
+  for (std::size_t i = 0; i + 2 < feed.size(); i += 2) {
+    m->step_tokens(std::span<std::int32_t const>(&feed[i], 2));
+    m->mtp_after(std::span<std::int32_t const>(&feed[i + 1], 2));
+    std::fill(l.begin(), l.end(), NAN);
+    m->download_mtp_logits(l.data());
+    r.passes.push_back(l);
+  }
+  return r;
+}
+
 TokensRefusals step_tokens_refusals(std::string const& dir) {
   io::Checkpoint ckpt = io::Checkpoint::open(dir);
   io::CheckpointWeights w = io::CheckpointWeights::load(ckpt);

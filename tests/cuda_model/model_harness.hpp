@@ -49,6 +49,16 @@ TokensCompare step_tokens_flash(std::string const& config_json, int layers, std:
 // CudaModel::rewind(1) after a pass of two (a rejected draft): 10 tokens fed as single steps and passes, two passes
 // with a wrong second token taken back; every logits row of the kept tokens against one step per token.
 TokensCompare rewind_checkpoint(std::string const& dir, int mla_short);
+// The MTP layer on the GPU (CudaModel::mtp_after) on the checkpoint in `dir` (BF16 head as stored): `feed` through one
+// step per token, each followed by its position's MTP entry with the next token (single[i]: entry i's MTP logits,
+// draft[i] its argmax); then from a reset through passes of two tokens, each followed by both its entries (passes[j]:
+// the logits of the pass's last entry, entry 2j + 1). has_mtp: the model built its MTP layer.
+struct MtpRun {
+  bool has_mtp = false;
+  std::vector<std::vector<float>> single, passes;
+  std::vector<std::int32_t> draft;
+};
+MtpRun mtp_checkpoint(std::string const& dir, std::vector<std::int32_t> const& feed);
 // The refusals of step_tokens on the checkpoint in `dir` (max_context 8): the ling::Error codes of too many tokens, an
 // id outside the vocabulary, a pass past the context, and of rewind(1) after a single step, rewind(2) after a pass,
 // rewind(1) twice; then whether the model still decodes (a step after them).

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "ling/cuda/session.hpp"
 #include "ling/io/chat.hpp"
 #include "ling/io/tokenizer.hpp"
+#include "ling/runtime/generator.hpp"
 #include "ling/runtime/session.hpp"
 #include "model_harness.hpp"
 
@@ -677,6 +679,72 @@ TEST_CASE("two tokens in one pass (step_tokens) = one decode step per token, bit
     CHECK(r.differing == 0);
     CHECK(r.nan == 0);
   }
+}
+
+// The MTP layer on the GPU (CudaModel::mtp_after) against the CPU session's MTP logits (runtime::Session::mtp_after) on
+// the tests/data checkpoints: relative L2 within the model's tolerance, the greedy draft equal where the CPU's top-2
+// margin is clear, and the entries after passes of two the bits of the entries after single steps.
+TEST_CASE("the MTP layer on the GPU = the CPU's MTP logits; after passes of two, the same bits") {
+  if (!ling::cuda::device_available()) return;
+  std::vector<std::int32_t> feed(11);
+  for (std::size_t i = 0; i < feed.size(); ++i) feed[i] = std::int32_t((i * 41 + 9) % 256);
+  for (char const* n : {"ling-a-bf16", "ling-a-fp8", "ling-a-fp4"}) {
+    CAPTURE(n);
+    std::string const dir = std::string(LING_TEST_DATA) + "/" + n;
+    auto const g = ling::test_gpu::mtp_checkpoint(dir, feed);
+    REQUIRE(g.has_mtp);
+    REQUIRE(g.single.size() == feed.size() - 1);
+    auto cpu = ling::runtime::Session::open(dir);
+    int compared = 0;
+    for (std::size_t i = 0; i + 1 < feed.size(); ++i) {
+      CAPTURE(i);
+      (void)cpu.decode(feed[i]);
+      float const margin = cpu.routing_margin();
+      auto const ref = cpu.mtp_after(std::span<std::int32_t const>(&feed[i + 1], 1));
+      // a routing near tie (kTieMargin) in the main model's layers or the MTP layer's: the GPU may pick other experts
+      if (std::min(margin, cpu.routing_margin()) < kTieMargin) break;
+      CHECK(rel_l2(g.single[i], ref) < kTolerance);
+      auto const [best, gap] = top1_margin(ref);
+      if (gap > kGreedyMargin) CHECK(g.draft[i] == best);
+      ++compared;
+    }
+    CHECK(compared >= 3);
+    for (std::size_t j = 0; j < g.passes.size(); ++j) {
+      CAPTURE(j);
+      CHECK(std::memcmp(g.passes[j].data(), g.single[2 * j + 1].data(), g.passes[j].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+// Speculative decoding on the CUDA session (runtime::Generator with one MTP draft per step: decode_all over the pending
+// token and the draft, rewind(1) of a rejected one, the MTP layer on the GPU): on the embedded trained model the reply
+// equals plain greedy decoding's on the CUDA session id for id (a pass's logits are a single step's bits), drafts are
+// accepted, and the MTP stream ends in step with the main one.
+TEST_CASE("speculative decoding on the CUDA session: the embedded model's greedy reply equals plain decoding's") {
+  if (!ling::cuda::device_available()) return;
+  std::string const dir = std::string(LING_SOURCE_DIR) + "/models/ling-gsm8k";
+  auto const tok = ling::io::Tokenizer::load(dir + "/tokenizer.json");
+  std::string const prompt = ling::io::chat_prompt(
+      "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many clips "
+      "did Natalia sell altogether in April and May?",
+      {});
+  ling::runtime::SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 64;
+  auto plain_session = ling::cuda::CudaSession::open(dir, {4096, false, true});
+  ling::runtime::Generator<ling::cuda::CudaSession> plain(plain_session, tok);
+  auto spec_session = ling::cuda::CudaSession::open(dir, {4096, false, true});
+  REQUIRE(spec_session.has_mtp());
+  ling::runtime::Generator<ling::cuda::CudaSession> spec(spec_session, tok);
+  spec.set_draft_tokens(1);
+  auto const p = plain.generate(prompt, greedy, [](std::string_view) { return true; });
+  auto const s = spec.generate(prompt, greedy, [](std::string_view) { return true; });
+  CHECK(s.tokens == p.tokens);
+  CHECK(s.stop_reason == p.stop_reason);
+  CHECK(s.drafts_accepted > 0);
+  CHECK(spec_session.mtp_position() == spec_session.position());
+  MESSAGE("ling-gsm8k on the GPU: " << s.tokens.size() << " tokens, " << s.drafts_accepted << " of " << s.drafts
+                                    << " drafts accepted");
 }
 
 // rewind(1) after a pass (a rejected draft) restores the KDA states kept after the pass's first token: the next tokens'

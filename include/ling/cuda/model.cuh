@@ -24,6 +24,7 @@
 #include "ling/cuda/mla.cuh"
 #include "ling/cuda/model.hpp"
 #include "ling/cuda/model_ops.cuh"
+#include "ling/cuda/norm.cuh"
 #include "ling/cuda/random_weights.cuh"
 #include "ling/cuda/route_predict.cuh"
 #include "ling/io/model_config.hpp"
@@ -90,6 +91,7 @@ class CudaModel {
     check(cudaMemcpyAsync(pos_dev_, &zero, 4, cudaMemcpyHostToDevice, stream_), "reset position");
     check(cudaStreamSynchronize(stream_), "reset");
     pos_ = 0;
+    mtp_pos_ = 0;  // its device position is in the zeroed region
   }
   // Enqueues one decode step of `token` (asynchronous); logits land in logits_device(), the argmax in the token slot.
   void step(std::int32_t token) {
@@ -143,6 +145,59 @@ class CudaModel {
     positions_advance(stream_, -1);
     --pos_;
     last_tokens_ = 1;
+  }
+  // ---- the MTP layer (spec §2 "MTP (NEXTN) layer") ----------------------------------------------------------
+  // Whether the model has its MTP layer (a checkpoint with model.layers.<num_hidden_layers>.eh_proj.weight, or any
+  // random model of a config with num_nextn_predict_layers > 0).
+  bool has_mtp() const { return has_mtp_; }
+  // Entries of the MTP stream so far (its own MLA cache holds one row per entry; reset() empties it, rewind leaves it).
+  std::int64_t mtp_position() const { return mtp_pos_; }
+  // MTP entries for the first next.size() positions of the last pass (step: 1, step_tokens: up to its count): entry k
+  // runs the MTP layer on the main model's hidden row k of that pass and next[k], the token that follows it, at MTP
+  // position p0 + k (p0: the pass's first position, which must be mtp_position()). The last entry's logits land in
+  // download_mtp_logits, its argmax (the greedy draft) in mtp_argmax. Each entry is one replay of the MTP graph.
+  // hidden, first: other rows instead ([n][hidden] in device memory, residual streams before model.norm, as
+  // hidden_device() holds them) and their first position (the caller keeps a longer history, e.g. a prefill's).
+  void mtp_after(std::span<std::int32_t const> next, float const* hidden = nullptr, std::int64_t first = -1) {
+    require(has_mtp_, ErrorCode::kUnsupported, "mtp_after: the model has no MTP layer (num_nextn_predict_layers)");
+    std::int64_t const n = std::int64_t(next.size()), p0 = hidden ? first : pos_ - last_tokens_;
+    require(n >= 1 && (hidden ? p0 + n <= pos_ : n <= last_tokens_), ErrorCode::kInvalidArgument,
+            "mtp_after: " + std::to_string(n) + " tokens for " +
+                (hidden ? "rows past the position" : "a pass of " + std::to_string(last_tokens_)));
+    require(mtp_pos_ == p0, ErrorCode::kInvalidArgument,
+            "mtp_after: the MTP stream is at position " + std::to_string(mtp_pos_) + ", the rows start at " +
+                std::to_string(p0));
+    for (std::int32_t t : next)
+      require(t >= 0 && t < c_.vocab_size, ErrorCode::kInvalidArgument,
+              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) +
+                  ")");
+    std::size_t const D = std::size_t(c_.hidden_size);
+    // the tokens in one upload (from pageable memory: staged before the call returns), then one into the graph's slot
+    // per entry
+    check(cudaMemcpyAsync(mtp_next_dev_, next.data(), std::size_t(n) * 4, cudaMemcpyHostToDevice, stream_),
+          "MTP token upload");
+    for (std::int64_t k = 0; k < n; ++k) {
+      check(cudaMemcpyAsync(mtp_token_dev_, mtp_next_dev_ + k, 4, cudaMemcpyDeviceToDevice, stream_), "MTP token");
+      float const* const h = (hidden ? hidden : x_) + std::size_t(k) * D;
+      check(cudaMemcpyAsync(mtp_h_, h, D * 4, cudaMemcpyDeviceToDevice, stream_), "MTP hidden");
+      bool const short_mla = mtp_pos_ < opt_.mla_short;
+      replay(graph_mtp_[short_mla ? 1 : 0], [&](cudaStream_t st) { enqueue_mtp(st, short_mla); });
+      ++mtp_pos_;
+    }
+  }
+  // The last pass's hidden rows [tokens][hidden] (residual streams before model.norm), until the next pass.
+  float const* hidden_device() const { return x_; }
+  int last_tokens() const { return last_tokens_; }
+  void download_mtp_logits(float* host) {
+    check(cudaMemcpyAsync(host, mtp_logits_, std::size_t(c_.vocab_size) * 4, cudaMemcpyDeviceToHost, stream_),
+          "MTP logits download");
+    synchronize();
+  }
+  std::int32_t mtp_argmax() {
+    std::int32_t t = 0;
+    check(cudaMemcpyAsync(&t, mtp_draft_dev_, 4, cudaMemcpyDeviceToHost, stream_), "MTP argmax download");
+    synchronize();
+    return t;
   }
   // Whether step_tokens takes more than one token (not with the probes LING_PREDICT and LING_AHEAD).
   bool takes_tokens() const { return !predict_ && !ahead_buf_.data(); }
@@ -505,6 +560,94 @@ class CudaModel {
   template <class T>
   T* scratch(std::int64_t n) { return static_cast<T*>(arena_.take(std::size_t(std::max<std::int64_t>(n, 1)) * sizeof(T))); }
 
+  // Layer i's weights (model.layers.i.*): its attention (MLA or KDA) and its MLP or MoE; act_max grows to its MoE
+  // activations' width.
+  void build_layer(Layer& l, std::int64_t i, bool mla, std::int64_t& act_max) {
+    ModelConfig const& c = c_;
+    std::int64_t const D = c.hidden_size, H = c.num_attention_heads, K = c.head_dim, P = c.kda_width();
+    std::int64_t const kc = c.short_conv_kernel_size, Hm = c.mla_num_heads, L = mla_dims_.latent();
+    std::string const p = "model.layers." + std::to_string(i) + ".";
+    std::string const a = p + "attention.";
+    l.in_norm = vec(p + "input_layernorm.weight", D, VecInit::kNorm);
+    l.post_norm = vec(p + "post_attention_layernorm.weight", D, VecInit::kNorm);
+    l.mla = mla;
+    if (l.mla) {
+      if (c.q_lora_rank) {
+        l.m.q_a = mat(a + "q_a_proj.weight", *c.q_lora_rank, D, WeightKind::kDense);
+        l.m.q_a_norm = vec(a + "q_a_layernorm.weight", *c.q_lora_rank, VecInit::kNorm);
+        l.m.q_b = mat(a + "q_b_proj.weight", Hm * c.qk_head_dim(), *c.q_lora_rank, WeightKind::kDense);
+      } else {
+        l.m.q = mat(a + "q_proj.weight", Hm * c.qk_head_dim(), D, WeightKind::kDense);
+      }
+      l.m.kv_a = mat(a + "kv_a_proj_with_mqa.weight", L, D, WeightKind::kDense);
+      l.m.kv_norm = vec(a + "kv_a_layernorm.weight", c.kv_lora_rank, VecInit::kNorm);
+      l.m.kv_b = mat(a + "kv_b_proj.weight", Hm * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, WeightKind::kDense);
+      if (c.output_gate == OutputGate::kHeadWise) l.m.g = mat(a + "g_proj.weight", Hm, D, WeightKind::kDense);
+      if (c.output_gate == OutputGate::kElementWise) l.m.g = mat(a + "g_proj.weight", Hm * c.v_head_dim, D, WeightKind::kDense);
+      l.m.dense = mat(a + "dense.weight", D, Hm * c.v_head_dim, WeightKind::kDense);
+    } else {
+      l.k.q = mat(a + "q_proj.weight", P, D, WeightKind::kDense);
+      l.k.k = mat(a + "k_proj.weight", P, D, WeightKind::kDense);
+      l.k.v = mat(a + "v_proj.weight", P, D, WeightKind::kDense);
+      l.k.f = mat(a + "f_proj.weight", P, D, WeightKind::kDense);
+      l.k.g = mat(a + "g_proj.weight", P, D, WeightKind::kDense);
+      l.k.b = mat(a + "b_proj.weight", H, D, WeightKind::kDense);
+      l.k.conv_w = conv3(a, P, kc);
+      l.k.a_log = vec(a + "A_log", H, VecInit::kALog);
+      l.k.dt_bias = vec(a + "dt_bias", P, VecInit::kDtBias);
+      l.k.o_norm = vec(a + "o_norm.weight", K, VecInit::kNorm);
+      l.k.o = mat(a + "o_proj.weight", D, P, WeightKind::kDense);
+    }
+    std::string const m = p + "mlp.";
+    FfnL& f = l.f;
+    f.moe = c.is_moe_layer(i);
+    f.limit = float(c.expert_limit(i));
+    f.shared_limit = float(c.shared_limit(i));
+    if (f.moe) {
+      std::int64_t const E = c.num_experts, I = c.moe_intermediate_size;
+      f.router = mat(m + "gate.weight", E, D, WeightKind::kRouter);
+      f.bias = vec(m + "gate.expert_bias", E, VecInit::kBias);
+      std::vector<std::string> gn, un, dn;
+      for (std::int64_t e = 0; e < E; ++e) {
+        std::string x = m + "experts." + std::to_string(e) + ".";
+        gn.push_back(x + "gate_proj.weight");
+        un.push_back(x + "up_proj.weight");
+        dn.push_back(x + "down_proj.weight");
+      }
+      MatFormat fu, fd;
+      stack(gn, I, D, f.routed, f.g_w, f.g_s, f.gu_sw, f.gu_ss);
+      stack(un, I, D, fu, f.u_w, f.u_s, f.gu_sw, f.gu_ss);
+      stack(dn, D, I, fd, f.d_w, f.d_s, f.d_sw, f.d_ss);
+      require(fu == f.routed && fd == f.routed, ErrorCode::kShape, m + "experts: gate/up/down must share one format");
+      f.expert_bytes = double(2 * (f.gu_sw + f.gu_ss) + f.d_sw + f.d_ss);
+      if (c.shared_width() > 0) {
+        std::int64_t const Is = c.shared_width();
+        f.sg = mat(m + "shared_experts.gate_proj.weight", Is, D, WeightKind::kDense);
+        f.su = mat(m + "shared_experts.up_proj.weight", Is, D, WeightKind::kDense);
+        f.sd = mat(m + "shared_experts.down_proj.weight", D, Is, WeightKind::kDense);
+        require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
+      }
+      act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
+      if (predict_ && !l.mla) {  // LING_PREDICT: the predictor rows, in the projections' format
+        MatFormat const pf = l.k.q.format;
+        require(route_predictor_format(pf), ErrorCode::kUnsupported,
+                "LING_PREDICT: " + a + "q_proj.weight is stored as " + std::string(to_string(pf)) +
+                    "; the predictor rows join the projections' launch only as block FP8, BF16 or F32");
+        std::size_t const sb = std::size_t(matrix_storage_bytes(pf, E, D)),
+                          cb = std::size_t(matrix_scale_bytes(pf, E, D));
+        f.pred = ModelMatrix{pf, arena_.take(sb), cb ? arena_.take(cb) : nullptr, E, D};
+        weight_bytes_ += arena_.dry ? 0 : sb + cb;
+      }
+    } else {
+      std::int64_t const I = c.intermediate_size;
+      f.sg = mat(m + "gate_proj.weight", I, D, WeightKind::kDense);
+      f.su = mat(m + "up_proj.weight", I, D, WeightKind::kDense);
+      f.sd = mat(m + "down_proj.weight", D, I, WeightKind::kDense);
+      require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + ": formats differ");
+      act_max = std::max(act_max, I);
+    }
+  }
+
   void build_pass() {
     weight_bytes_ = 0;
     ModelConfig const& c = c_;
@@ -517,91 +660,20 @@ class CudaModel {
     head_fp8_ = ModelMatrix{MatFormat::kFp8Row, arena_.take(std::size_t(V * D)), arena_.take(std::size_t(V) * 4), V, D};
     layers_.assign(std::size_t(c.num_hidden_layers), Layer{});
     std::int64_t act_max = 1;
-    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i) {
-      Layer& l = layers_[std::size_t(i)];
-      std::string const p = "model.layers." + std::to_string(i) + ".";
-      std::string const a = p + "attention.";
-      l.in_norm = vec(p + "input_layernorm.weight", D, VecInit::kNorm);
-      l.post_norm = vec(p + "post_attention_layernorm.weight", D, VecInit::kNorm);
-      l.mla = c.is_mla_layer(i);
-      if (l.mla) {
-        if (c.q_lora_rank) {
-          l.m.q_a = mat(a + "q_a_proj.weight", *c.q_lora_rank, D, WeightKind::kDense);
-          l.m.q_a_norm = vec(a + "q_a_layernorm.weight", *c.q_lora_rank, VecInit::kNorm);
-          l.m.q_b = mat(a + "q_b_proj.weight", Hm * c.qk_head_dim(), *c.q_lora_rank, WeightKind::kDense);
-        } else {
-          l.m.q = mat(a + "q_proj.weight", Hm * c.qk_head_dim(), D, WeightKind::kDense);
-        }
-        l.m.kv_a = mat(a + "kv_a_proj_with_mqa.weight", L, D, WeightKind::kDense);
-        l.m.kv_norm = vec(a + "kv_a_layernorm.weight", c.kv_lora_rank, VecInit::kNorm);
-        l.m.kv_b = mat(a + "kv_b_proj.weight", Hm * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, WeightKind::kDense);
-        if (c.output_gate == OutputGate::kHeadWise) l.m.g = mat(a + "g_proj.weight", Hm, D, WeightKind::kDense);
-        if (c.output_gate == OutputGate::kElementWise) l.m.g = mat(a + "g_proj.weight", Hm * c.v_head_dim, D, WeightKind::kDense);
-        l.m.dense = mat(a + "dense.weight", D, Hm * c.v_head_dim, WeightKind::kDense);
-      } else {
-        l.k.q = mat(a + "q_proj.weight", P, D, WeightKind::kDense);
-        l.k.k = mat(a + "k_proj.weight", P, D, WeightKind::kDense);
-        l.k.v = mat(a + "v_proj.weight", P, D, WeightKind::kDense);
-        l.k.f = mat(a + "f_proj.weight", P, D, WeightKind::kDense);
-        l.k.g = mat(a + "g_proj.weight", P, D, WeightKind::kDense);
-        l.k.b = mat(a + "b_proj.weight", H, D, WeightKind::kDense);
-        l.k.conv_w = conv3(a, P, kc);
-        l.k.a_log = vec(a + "A_log", H, VecInit::kALog);
-        l.k.dt_bias = vec(a + "dt_bias", P, VecInit::kDtBias);
-        l.k.o_norm = vec(a + "o_norm.weight", K, VecInit::kNorm);
-        l.k.o = mat(a + "o_proj.weight", D, P, WeightKind::kDense);
-      }
-      std::string const m = p + "mlp.";
-      FfnL& f = l.f;
-      f.moe = c.is_moe_layer(i);
-      f.limit = float(c.expert_limit(i));
-      f.shared_limit = float(c.shared_limit(i));
-      if (f.moe) {
-        std::int64_t const E = c.num_experts, I = c.moe_intermediate_size;
-        f.router = mat(m + "gate.weight", E, D, WeightKind::kRouter);
-        f.bias = vec(m + "gate.expert_bias", E, VecInit::kBias);
-        std::vector<std::string> gn, un, dn;
-        for (std::int64_t e = 0; e < E; ++e) {
-          std::string x = m + "experts." + std::to_string(e) + ".";
-          gn.push_back(x + "gate_proj.weight");
-          un.push_back(x + "up_proj.weight");
-          dn.push_back(x + "down_proj.weight");
-        }
-        MatFormat fu, fd;
-        stack(gn, I, D, f.routed, f.g_w, f.g_s, f.gu_sw, f.gu_ss);
-        stack(un, I, D, fu, f.u_w, f.u_s, f.gu_sw, f.gu_ss);
-        stack(dn, D, I, fd, f.d_w, f.d_s, f.d_sw, f.d_ss);
-        require(fu == f.routed && fd == f.routed, ErrorCode::kShape, m + "experts: gate/up/down must share one format");
-        f.expert_bytes = double(2 * (f.gu_sw + f.gu_ss) + f.d_sw + f.d_ss);
-        if (c.shared_width() > 0) {
-          std::int64_t const Is = c.shared_width();
-          f.sg = mat(m + "shared_experts.gate_proj.weight", Is, D, WeightKind::kDense);
-          f.su = mat(m + "shared_experts.up_proj.weight", Is, D, WeightKind::kDense);
-          f.sd = mat(m + "shared_experts.down_proj.weight", D, Is, WeightKind::kDense);
-          require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + "shared_experts: formats differ");
-        }
-        act_max = std::max(act_max, c.num_experts_per_tok * I + c.shared_width());
-        if (predict_ && !l.mla) {  // LING_PREDICT: the predictor rows, in the projections' format
-          MatFormat const pf = l.k.q.format;
-          require(route_predictor_format(pf), ErrorCode::kUnsupported,
-                  "LING_PREDICT: " + a + "q_proj.weight is stored as " + std::string(to_string(pf)) +
-                      "; the predictor rows join the projections' launch only as block FP8, BF16 or F32");
-          std::size_t const sb = std::size_t(matrix_storage_bytes(pf, E, D)),
-                            cb = std::size_t(matrix_scale_bytes(pf, E, D));
-          f.pred = ModelMatrix{pf, arena_.take(sb), cb ? arena_.take(cb) : nullptr, E, D};
-          weight_bytes_ += arena_.dry ? 0 : sb + cb;
-        }
-      } else {
-        std::int64_t const I = c.intermediate_size;
-        f.sg = mat(m + "gate_proj.weight", I, D, WeightKind::kDense);
-        f.su = mat(m + "up_proj.weight", I, D, WeightKind::kDense);
-        f.sd = mat(m + "down_proj.weight", D, I, WeightKind::kDense);
-        require(f.sg.format == f.su.format && f.sg.format == f.sd.format, ErrorCode::kShape, m + ": formats differ");
-        act_max = std::max(act_max, I);
-      }
+    for (std::int64_t i = 0; i < c.num_hidden_layers; ++i)
+      build_layer(layers_[std::size_t(i)], i, c.is_mla_layer(i), act_max);
+    // the MTP layer: model.layers.<num_hidden_layers>.* (spec §2, §3), an MLA layer with a MoE
+    std::string const mp = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    has_mtp_ = c.num_nextn_predict_layers > 0 && (!ckpt_ || ckpt_->find(mp + "eh_proj.weight"));
+    if (has_mtp_) {
+      mtp_ = Layer{};
+      build_layer(mtp_, c.num_hidden_layers, true, act_max);
+      mtp_enorm_ = vec(mp + "enorm.weight", D, VecInit::kNorm);
+      mtp_hnorm_ = vec(mp + "hnorm.weight", D, VecInit::kNorm);
+      mtp_final_ = vec(mp + "final_layernorm.weight", D, VecInit::kNorm);
+      mtp_eh_ = mat(mp + "eh_proj.weight", D, 2 * D, WeightKind::kDense);
     }
-    // activations and scratch
-    // activations of up to kMaxTokens tokens (step_tokens), token k's at k times the one-token size
+    // activations and scratch: up to kMaxTokens tokens (step_tokens), token k's at k times the one-token size
     constexpr std::int64_t T = kMaxTokens;
     x_ = scratch<float>(T * D);
     xq_ = scratch<float>(T * P), xk_ = scratch<float>(T * P), xv_ = scratch<float>(T * P), xf_ = scratch<float>(T * P);
@@ -629,9 +701,20 @@ class CudaModel {
     act_ = scratch<float>(act_max);
     logits_ = scratch<float>(T * V);
     logits_alt_ = scratch<float>(V);
+    if (has_mtp_) {
+      mtp_h_ = scratch<float>(D), mtp_hn_ = scratch<float>(D), mtp_e_ = scratch<float>(D), mtp_x_ = scratch<float>(D);
+      mtp_in_ = scratch<float>(2 * D);
+      mtp_logits_ = scratch<float>(V);
+      mtp_token_dev_ = scratch<std::int32_t>(1), mtp_draft_dev_ = scratch<std::int32_t>(1);
+      mtp_next_dev_ = scratch<std::int32_t>(max_ctx_);
+    }
     // caches and counters: one contiguous region, zeroed by reset()
     std::size_t cache_start = (arena_.used + 255) / 256 * 256;
     cache_base_ = arena_.take(0);
+    if (has_mtp_) {
+      mtp_.m.cache = scratch<std::uint16_t>(max_ctx_ * L);
+      mtp_pos_dev_ = scratch<std::int32_t>(1);
+    }
     for (auto& l : layers_) {
       if (l.mla) l.m.cache = scratch<std::uint16_t>(max_ctx_ * L);
       else {
@@ -683,6 +766,13 @@ class CudaModel {
     if (!predict_ && !ahead_buf_.data()) {  // and step_tokens' (the matvecs' two-token instances)
       reset();
       enqueue_step(stream_, opt_.mla_short > 1, kMaxTokens, opt_.mla_short > 1);
+      synchronize();
+    }
+    if (has_mtp_) {  // and the MTP layer's (eh_proj's matvec, the norms), on token 0 and a zero hidden row
+      reset();
+      check(cudaMemsetAsync(mtp_token_dev_, 0, 4, stream_), "MTP warm-up");
+      check(cudaMemsetAsync(mtp_h_, 0, std::size_t(c_.hidden_size) * 4, stream_), "MTP warm-up");
+      enqueue_mtp(stream_, opt_.mla_short > 0);
       synchronize();
     }
     reset();
@@ -858,7 +948,8 @@ class CudaModel {
     return on;
   }
   void trace_at(std::size_t layer, int slot) {
-    ops::trace_next() = trace_ ? trace_ + (std::int64_t(layer) * kTraceSlots + slot) * ops::kTraceRegion : nullptr;
+    bool const traced = trace_ && layer < layers_.size();  // the MTP layer is not traced
+    ops::trace_next() = traced ? trace_ + (std::int64_t(layer) * kTraceSlots + slot) * ops::kTraceRegion : nullptr;
   }
 
   // short_mla: the MLA layers' attention chain in one launch (CudaModelOptions::mla_short; only for positions below
@@ -876,158 +967,180 @@ class CudaModel {
     positions_advance_kernel<0><<<1, 1, 0, st>>>(pos_dev_, tokens);
     check(cudaGetLastError(), "positions");
   }
-  void enqueue_step(cudaStream_t st, bool short_mla, int tokens = 1, bool short_next = false) {
+  // Layer i of the step (i = layers_.size(): the MTP layer, not traced) on the hidden rows x [tokens][hidden] (its
+  // residual stream, updated in place), token k at position pos[k].
+  void enqueue_layer(cudaStream_t st, Layer& l, std::size_t i, float* x, std::int32_t* pos, int tokens, bool short_mla,
+                     bool short_next) {
     ModelConfig const& c = c_;
     std::int64_t const D = c.hidden_size, P = c.kda_width(), Hk = c.num_attention_heads;
     std::int64_t const ssn = Hk * kda_ss_parts(int(c.head_dim));
+    bool const traced = trace_ && i < layers_.size();
+    trace_at(i, 0);
+    if (!l.mla) {
+      // LING_PREDICT: the predictor rows join the projections (ops::matvec leaves out a matrix of 0 rows)
+      bool const predict = l.f.pred.rows > 0;
+      if (!skipped("kproj")) {
+        ops::matvec(st, x, norm_pa(l.in_norm),
+                    {{&l.k.q, xq_},
+                     {&l.k.k, xk_},
+                     {&l.k.v, xv_},
+                     {&l.k.f, xf_},
+                     {&l.k.g, xg_},
+                     {&l.k.b, xb_},
+                     {&l.f.pred, pred_logits_}},
+                    tail_, tokens);
+      }
+      for (int t = 0; t < tokens; ++t) {
+        std::int64_t const tp = t * P;
+        KdaStepArgs ka;
+        ka.heads = int(c.num_attention_heads);
+        ka.head_dim = int(c.head_dim);
+        ka.conv_kernel = int(c.short_conv_kernel_size);
+        ka.safe_gate = c.kda_safe_gate;
+        ka.lower_bound = float(c.kda_lower_bound);
+        ka.x_q = xq_ + tp, ka.x_k = xk_ + tp, ka.x_v = xv_ + tp, ka.f = xf_ + tp, ka.b = xb_ + t * Hk;
+        ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
+        ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_ + tp, ka.position = pos + t;
+        if (tokens > 1 && t == 0) ka.state_copy = l.k.state_kept;  // for rewind(1)
+        ka.o_ss = kda_ss_on() ? o_ss_ + t * ssn : nullptr;
+        bool const gated = ka.o_ss && kda_gate_on();
+        if (gated) ka.out_gate = xg_ + tp, ka.out_norm_w = l.k.o_norm;
+        // a later token's state and ring are the earlier token's step's outputs: after the wait
+        ka.state_before_wait = t == 0 && replayed_graph() && kda_state_early_env();
+        ka.trace = traced && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
+        // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
+        ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
+        if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
+          ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
+          ka.n_ahead = ahead_n_[i];
+        }
+        if (predict) {
+          FfnL const& f = l.f;
+          KdaPredict& pr = ka.predict;
+          pr.logits = pred_logits_, pr.bias = f.bias;
+          pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
+          pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
+          pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
+          pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
+          pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
+          pr.down = predict_ >= 2;
+          pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
+        }
+        if (!skipped("kstep")) kda_step(ka, st);
+      }
+      trace_at(i, 2);
+      int const hd = int(c.head_dim);
+      float const eps = float(c.rms_norm_eps);
+      bool const ss = kda_ss_on(), gated = ss && kda_gate_on();
+      ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
+                                   : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
+      po.flags = prologue_flags();
+      if (ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
+      if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x, x}}, {}, tokens);
+    } else if (!skipped("mla")) {
+      if (c.q_lora_rank) {
+        ops::matvec(st, x, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
+                    tokens);
+        ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
+        ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_, tokens);
+      } else {
+        ops::matvec(st, x, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
+                    tokens);
+      }
+      std::int64_t const qn = c.mla_num_heads * c.qk_head_dim(), vn = c.mla_num_heads * c.v_head_dim;
+      for (int t = 0; t < tokens; ++t) {
+        MlaDecodeArgs ma;
+        ma.d = mla_dims_;
+        ma.q = mq_ + t * qn, ma.kv_a = mkv_ + t * mla_dims_.latent(), ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
+        ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos + t;
+        ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
+        ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
+        ma.combine = mla_env().combine;
+        if ((t == 0 ? short_mla : short_next) && mla_short_fits(ma)) {
+          ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
+          ma.trace = traced && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
+          ma.trace_mid = mla_env().trace_mid;
+          // a later token attends to the earlier token's cache row: read after the wait
+          ma.early = t == 0 && replayed_graph() && mla_early_env();
+          ma.rope_cs = mla_rope_cs_;
+        }
+        int const gate_mode =
+            c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
+        ops::trace_next() = nullptr;
+        mla_decode(ma, mgate_ + t * l.m.g.rows, gate_mode, mo_ + t * vn, st);
+      }
+      trace_at(i, 2);
+      ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x, x}}, {}, tokens);
+    }
+    FfnL& f = l.f;
+    ops::MoeArgs a;
+    a.hidden = int(c.hidden_size);
+    a.act = act_;
+    a.sg_w = f.sg.data, a.sg_s = f.sg.scales, a.su_w = f.su.data, a.su_s = f.su.scales, a.sdn_w = f.sd.data, a.sdn_s = f.sd.scales;
+    a.shared_inter = int(f.sg.rows);
+    a.shared_limit = f.shared_limit;
+    ops::RouterArgs ra{};  // outlives ops::moe below, which may read it (fused routing)
+    if (f.moe) {
+      ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
+                           c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
+      bool const fused = ops::fused_router_enabled();
+      // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
+      bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() &&
+                        f.router.format == MatFormat::kBf16 && ops::fast_rows(f.router);
+      trace_at(i, 3);
+      if (in_a) {
+        a.router = &f.router;
+        a.grid_bar = grid_bar_;
+      } else if (!skipped("router")) {
+        // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
+        if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x, norm_pa(l.post_norm), {{&f.router, router_logits_}});
+        else ops::router(st, x, norm_pa(l.post_norm), f.router, ra, fused);
+      }
+      a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
+      a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
+      a.top_k = int(c.num_experts_per_tok);
+      a.experts = int(c.num_experts);
+      a.inter = int(c.moe_intermediate_size);
+      a.sel_idx = sel_idx_, a.sel_w = sel_w_;
+      if (fused) a.route = &ra;
+      a.limit = f.limit;
+    } else {
+      a.shared_limit = 0.f;  // the dense MLP has no clamp
+    }
+    a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
+    for (int t = 0; t < tokens; ++t) {
+      if (t == 0) trace_at(i, 4);  // B: region 5
+      else ops::trace_next() = nullptr;
+      float* const xt = x + t * D;
+      ops::moe(st, xt, norm_pa(l.post_norm), a, f.routed, f.sg.format, xt, xt);
+    }
+    if (recording_ && f.pred.rows)  // predict_step: the real picks beside the predicted ones
+      check(cudaMemcpyAsync(act_rec_ + std::int64_t(i) * ops::kMaxTopK, sel_idx_,
+                            std::size_t(c.num_experts_per_tok) * 4, cudaMemcpyDeviceToDevice, st),
+            "LING_PREDICT record");
+  }
+
+  // One MTP entry (spec §2): x = eh_proj [RMSNorm(emb(next); enorm) ; RMSNorm(model.norm(h); hnorm)], the MTP layer
+  // at the MTP position, then the LM head on RMSNorm(x; final_layernorm), whose argmax epilogue writes the draft and
+  // advances the MTP position.
+  void enqueue_mtp(cudaStream_t st, bool short_mla) {
+    std::int64_t const D = c_.hidden_size;
+    float const eps = float(c_.rms_norm_eps);
+    embedding({embed_, mtp_token_dev_, mtp_e_, 1}, st);
+    rms_norm({mtp_e_, mtp_enorm_, mtp_in_, 1, D, eps}, st);
+    rms_norm({mtp_h_, final_norm_, mtp_hn_, 1, D, eps}, st);
+    rms_norm({mtp_hn_, mtp_hnorm_, mtp_in_ + D, 1, D, eps}, st);
+    ops::matvec(st, mtp_in_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&mtp_eh_, mtp_x_}});
+    enqueue_layer(st, mtp_, layers_.size(), mtp_x_, mtp_pos_dev_, 1, short_mla, false);
+    ops::ArgmaxArgs aa{head_key_, head_counter_, mtp_draft_dev_, mtp_pos_dev_};
+    ops::trace_next() = nullptr;
+    ops::head(st, mtp_x_, norm_pa(mtp_final_), opt_.lm_head_fp8 ? head_fp8_ : head_src_, mtp_logits_, aa);
+  }
+  void enqueue_step(cudaStream_t st, bool short_mla, int tokens = 1, bool short_next = false) {
     if (tokens > 1) positions_next(st, tokens);
     embedding({embed_, token_dev_, x_, tokens}, st);
-    for (std::size_t i = 0; i < layers_.size(); ++i) {
-      Layer& l = layers_[i];
-      trace_at(i, 0);
-      if (!l.mla) {
-        // LING_PREDICT: the predictor rows join the projections (ops::matvec leaves out a matrix of 0 rows)
-        bool const predict = l.f.pred.rows > 0;
-        if (!skipped("kproj")) {
-          ops::matvec(st, x_, norm_pa(l.in_norm),
-                      {{&l.k.q, xq_},
-                       {&l.k.k, xk_},
-                       {&l.k.v, xv_},
-                       {&l.k.f, xf_},
-                       {&l.k.g, xg_},
-                       {&l.k.b, xb_},
-                       {&l.f.pred, pred_logits_}},
-                      tail_, tokens);
-        }
-        for (int t = 0; t < tokens; ++t) {
-          std::int64_t const tp = t * P;
-          KdaStepArgs ka;
-          ka.heads = int(c.num_attention_heads);
-          ka.head_dim = int(c.head_dim);
-          ka.conv_kernel = int(c.short_conv_kernel_size);
-          ka.safe_gate = c.kda_safe_gate;
-          ka.lower_bound = float(c.kda_lower_bound);
-          ka.x_q = xq_ + tp, ka.x_k = xk_ + tp, ka.x_v = xv_ + tp, ka.f = xf_ + tp, ka.b = xb_ + t * Hk;
-          ka.conv_w = l.k.conv_w, ka.a_log = l.k.a_log, ka.dt_bias = l.k.dt_bias;
-          ka.ring = l.k.ring, ka.state = l.k.state, ka.o = o_ + tp, ka.position = pos_dev_ + t;
-          if (tokens > 1 && t == 0) ka.state_copy = l.k.state_kept;  // for rewind(1)
-          ka.o_ss = kda_ss_on() ? o_ss_ + t * ssn : nullptr;
-          bool const gated = ka.o_ss && kda_gate_on();
-          if (gated) ka.out_gate = xg_ + tp, ka.out_norm_w = l.k.o_norm;
-          // a later token's state and ring are the earlier token's step's outputs: after the wait
-          ka.state_before_wait = t == 0 && replayed_graph() && kda_state_early_env();
-          ka.trace = trace_ && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 1) * ops::kTraceRegion : nullptr;
-          // the look-ahead column's settings (read only when it runs: LING_AHEAD ranges or LING_PREDICT)
-          ka.ahead_before_wait = ahead_early_, ka.ahead_lines = ahead_lines_, ka.ahead_cols = ahead_cols_;
-          if (ahead_buf_.data() && ahead_n_[i] > 0) {  // LING_AHEAD (setup_ahead)
-            ka.ahead = ahead_buf_.data<AheadRange>() + ahead_off_[i];
-            ka.n_ahead = ahead_n_[i];
-          }
-          if (predict) {
-            FfnL const& f = l.f;
-            KdaPredict& pr = ka.predict;
-            pr.logits = pred_logits_, pr.bias = f.bias;
-            pr.experts = int(c.num_experts), pr.top_k = int(c.num_experts_per_tok);
-            pr.n_group = int(c.n_group) > 0 ? int(c.n_group) : 1;
-            pr.topk_group = int(c.topk_group) > 0 ? int(c.topk_group) : 1;
-            pr.g_w = f.g_w, pr.g_s = f.g_s, pr.u_w = f.u_w, pr.u_s = f.u_s, pr.d_w = f.d_w, pr.d_s = f.d_s;
-            pr.gu_sw = f.gu_sw, pr.gu_ss = f.gu_ss, pr.d_sw = f.d_sw, pr.d_ss = f.d_ss;
-            pr.down = predict_ >= 2;
-            pr.record = recording_ ? pred_rec_ + std::int64_t(i) * ops::kMaxTopK : nullptr;
-          }
-          if (!skipped("kstep")) kda_step(ka, st);
-        }
-        trace_at(i, 2);
-        int const hd = int(c.head_dim);
-        float const eps = float(c.rms_norm_eps);
-        bool const ss = kda_ss_on(), gated = ss && kda_gate_on();
-        ops::PrologueArgs po = gated ? ops::PrologueArgs{ops::Prologue::kHeadScale, nullptr, nullptr, hd, eps}
-                                     : ops::PrologueArgs{ops::Prologue::kGatedHeadNorm, l.k.o_norm, xg_, hd, eps};
-        po.flags = prologue_flags();
-        if (ss) po.head_ss = o_ss_, po.ss_parts = kda_ss_parts(hd);
-        if (!skipped("oproj")) ops::matvec(st, o_, po, {{&l.k.o, x_, x_}}, {}, tokens);
-      } else if (!skipped("mla")) {
-        if (c.q_lora_rank) {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q_a, mqa_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
-                      tokens);
-          ops::trace_next() = nullptr;  // region 0 holds the first projection launch only
-          ops::matvec(st, mqa_, norm_pa(l.m.q_a_norm), {{&l.m.q_b, mq_}}, tail_, tokens);
-        } else {
-          ops::matvec(st, x_, norm_pa(l.in_norm), {{&l.m.q, mq_}, {&l.m.kv_a, mkv_}, {&l.m.g, mgate_}}, tail_,
-                      tokens);
-        }
-        std::int64_t const qn = c.mla_num_heads * c.qk_head_dim(), vn = c.mla_num_heads * c.v_head_dim;
-        for (int t = 0; t < tokens; ++t) {
-          MlaDecodeArgs ma;
-          ma.d = mla_dims_;
-          ma.q = mq_ + t * qn, ma.kv_a = mkv_ + t * mla_dims_.latent(), ma.kv_norm = l.m.kv_norm, ma.kv_b = l.m.kv_b;
-          ma.cache = l.m.cache, ma.max_ctx = max_ctx_, ma.position = pos_dev_ + t;
-          ma.q_hat = q_hat_, ma.splits = splits_, ma.part_o = part_o_, ma.part_ml = part_ml_, ma.o_lat = o_lat_;
-          ma.kernel = mla_env().kernel, ma.min_chunk = mla_env().min_chunk, ma.diag = mla_env().diag;
-          ma.combine = mla_env().combine;
-          if ((t == 0 ? short_mla : short_next) && mla_short_fits(ma)) {
-            ma.kernel = opt_.mla_short_cluster ? kMlaShortClusterKernel : kMlaShortKernel;
-            ma.trace = trace_ && t == 0 ? trace_ + (std::int64_t(i) * kTraceSlots + 6) * ops::kTraceRegion : nullptr;
-            ma.trace_mid = mla_env().trace_mid;
-            // a later token attends to the earlier token's cache row: read after the wait
-            ma.early = t == 0 && replayed_graph() && mla_early_env();
-            ma.rope_cs = mla_rope_cs_;
-          }
-          int const gate_mode =
-              c.output_gate == OutputGate::kHeadWise ? 1 : c.output_gate == OutputGate::kElementWise ? 2 : 0;
-          ops::trace_next() = nullptr;
-          mla_decode(ma, mgate_ + t * l.m.g.rows, gate_mode, mo_ + t * vn, st);
-        }
-        trace_at(i, 2);
-        ops::matvec(st, mo_, {ops::Prologue::kPlain, nullptr, nullptr, 0, 0.f}, {{&l.m.dense, x_, x_}}, {}, tokens);
-      }
-      FfnL& f = l.f;
-      ops::MoeArgs a;
-      a.hidden = int(c.hidden_size);
-      a.act = act_;
-      a.sg_w = f.sg.data, a.sg_s = f.sg.scales, a.su_w = f.su.data, a.su_s = f.su.scales, a.sdn_w = f.sd.data, a.sdn_s = f.sd.scales;
-      a.shared_inter = int(f.sg.rows);
-      a.shared_limit = f.shared_limit;
-      ops::RouterArgs ra{};  // outlives ops::moe below, which may read it (fused routing)
-      if (f.moe) {
-        ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
-                             c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
-        bool const fused = ops::fused_router_enabled();
-        // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
-        bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() &&
-                          f.router.format == MatFormat::kBf16 && ops::fast_rows(f.router);
-        trace_at(i, 3);
-        if (in_a) {
-          a.router = &f.router;
-          a.grid_bar = grid_bar_;
-        } else if (!skipped("router")) {
-          // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
-          if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x_, norm_pa(l.post_norm), {{&f.router, router_logits_}});
-          else ops::router(st, x_, norm_pa(l.post_norm), f.router, ra, fused);
-        }
-        a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
-        a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
-        a.top_k = int(c.num_experts_per_tok);
-        a.experts = int(c.num_experts);
-        a.inter = int(c.moe_intermediate_size);
-        a.sel_idx = sel_idx_, a.sel_w = sel_w_;
-        if (fused) a.route = &ra;
-        a.limit = f.limit;
-      } else {
-        a.shared_limit = 0.f;  // the dense MLP has no clamp
-      }
-      a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
-      for (int t = 0; t < tokens; ++t) {
-        if (t == 0) trace_at(i, 4);  // B: region 5
-        else ops::trace_next() = nullptr;
-        float* const xt = x_ + t * D;
-        ops::moe(st, xt, norm_pa(l.post_norm), a, f.routed, f.sg.format, xt, xt);
-      }
-      if (recording_ && f.pred.rows)  // predict_step: the real picks beside the predicted ones
-        check(cudaMemcpyAsync(act_rec_ + std::int64_t(i) * ops::kMaxTopK, sel_idx_,
-                              std::size_t(c.num_experts_per_tok) * 4, cudaMemcpyDeviceToDevice, st),
-              "LING_PREDICT record");
-    }
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      enqueue_layer(st, layers_[i], i, x_, pos_dev_, tokens, short_mla, short_next);
     ops::ArgmaxArgs aa{head_key_, head_counter_, token_dev_, pos_dev_};
     ops::trace_next() = nullptr;
     ModelMatrix const& head = opt_.lm_head_fp8 ? head_fp8_ : head_src_;
@@ -1064,7 +1177,8 @@ class CudaModel {
   }
 
   void drop_graph() {
-    for (cudaGraphExec_t* g : {&graph_exec_, &graph_short_, &graph_tokens_[0], &graph_tokens_[1], &graph_tokens_[2]}) {
+    for (cudaGraphExec_t* g : {&graph_exec_, &graph_short_, &graph_tokens_[0], &graph_tokens_[1], &graph_tokens_[2],
+                               &graph_mtp_[0], &graph_mtp_[1]}) {
       if (*g) cudaGraphExecDestroy(*g);
       *g = nullptr;
     }
@@ -1150,6 +1264,18 @@ class CudaModel {
   cudaGraphExec_t graph_short_ = nullptr;
   // step_tokens' passes, by how many of their tokens run the short-context MLA chain (0: none, 1: the first, 2: both)
   cudaGraphExec_t graph_tokens_[3] = {};
+  // the MTP layer (has_mtp_): its weights as a layer (an MLA layer with a MoE) and its own vectors and eh_proj; the
+  // entry's hidden row (mtp_h_), the normalized [emb ; h] input, its residual stream, logits, greedy draft, token and
+  // position; one MTP graph per MLA chain form (long, short)
+  bool has_mtp_ = false;
+  Layer mtp_;
+  ModelMatrix mtp_eh_;
+  float *mtp_enorm_ = nullptr, *mtp_hnorm_ = nullptr, *mtp_final_ = nullptr;
+  float *mtp_h_ = nullptr, *mtp_hn_ = nullptr, *mtp_e_ = nullptr, *mtp_in_ = nullptr, *mtp_x_ = nullptr;
+  float* mtp_logits_ = nullptr;
+  std::int32_t *mtp_token_dev_ = nullptr, *mtp_draft_dev_ = nullptr, *mtp_pos_dev_ = nullptr, *mtp_next_dev_ = nullptr;
+  std::int64_t mtp_pos_ = 0;
+  cudaGraphExec_t graph_mtp_[2] = {};
   unsigned long long* trace_ = nullptr;  // LING_TRACE: layers × 6 regions (arena)
 };
 

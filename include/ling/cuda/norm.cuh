@@ -7,6 +7,7 @@
 
 namespace ling::cuda {
 
+template <int = 0>  // a template, so that every translation unit of a program may hold it
 __global__ void __launch_bounds__(256) rms_norm_kernel(RmsNormArgs a) {
   __shared__ float scratch[32];
   float const* x = a.x + std::int64_t(blockIdx.x) * a.dim;
@@ -20,7 +21,7 @@ __global__ void __launch_bounds__(256) rms_norm_kernel(RmsNormArgs a) {
 inline void rms_norm(RmsNormArgs const& a, cudaStream_t st = nullptr) {
   if (a.rows <= 0) return;
   require(a.dim > 0, ErrorCode::kInvalidArgument, "rms_norm: dim must be > 0");
-  rms_norm_kernel<<<unsigned(a.rows), 256, 0, st>>>(a);
+  rms_norm_kernel<0><<<unsigned(a.rows), 256, 0, st>>>(a);
   check_launch("rms_norm");
 }
 

@@ -14,6 +14,52 @@ namespace ling::cuda {
 struct CudaSession::Impl {
   std::unique_ptr<CudaModel> model;
   std::vector<float> logits, all;
+  // With an MTP layer: the hidden rows of the last call (every pass's, in order) and their first position, for
+  // mtp_after; rows_kept of them are valid (a rewind drops the last). rewindable: the last call may be rewound.
+  DeviceBuffer hidden;
+  std::int64_t rows_first = 0, rows_kept = 0;
+  bool rewindable = false;
+  void begin_call() {
+    rows_first = model->position();
+    rows_kept = 0;
+    rewindable = false;
+  }
+  // After a pass: its hidden rows joined to the call's (only when the model has an MTP layer).
+  void keep_rows() {
+    if (!model->has_mtp()) return;
+    std::size_t const D = std::size_t(model->config().hidden_size), n = std::size_t(model->last_tokens());
+    std::size_t const need = (std::size_t(rows_kept) + n) * D * sizeof(float);
+    if (hidden.bytes() < need) {
+      DeviceBuffer grown(std::max(need, 2 * hidden.bytes()), "CUDA session: hidden rows for the MTP layer");
+      if (rows_kept > 0)
+        check(cudaMemcpyAsync(grown.data(), hidden.data(), std::size_t(rows_kept) * D * sizeof(float),
+                              cudaMemcpyDeviceToDevice, model->stream()),
+              "hidden rows");
+      model->synchronize();
+      hidden = std::move(grown);
+    }
+    check(cudaMemcpyAsync(hidden.data<float>() + std::size_t(rows_kept) * D, model->hidden_device(),
+                          n * D * sizeof(float), cudaMemcpyDeviceToDevice, model->stream()),
+          "hidden rows");
+    rows_kept += std::int64_t(n);
+  }
+  // tokens in passes of up to kMaxTokens (one token each with the probes that take no passes); all: every token's
+  // logits into `all`, else the last token's into `logits`
+  void run(std::span<std::int32_t const> tokens, bool all_rows) {
+    CudaModel& m = *model;
+    std::size_t const V = std::size_t(m.vocab_size());
+    begin_call();
+    if (all_rows) all.resize(tokens.size() * V);
+    for (std::size_t i = 0; i < tokens.size();) {
+      std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
+      m.step_tokens(tokens.subspan(i, n));
+      keep_rows();
+      if (all_rows) m.download_logits(all.data() + i * V, int(n));
+      else m.synchronize();  // the pinned token slots are reused by the next pass
+      i += n;
+    }
+    if (!all_rows) m.download_last_logits(logits.data());
+  }
   void check_prompt(std::span<std::int32_t const> tokens) const {
     require(!tokens.empty(), ErrorCode::kInvalidArgument, "prefill: no tokens");
     for (auto t : tokens)
@@ -42,43 +88,68 @@ CudaSession CudaSession::open(std::filesystem::path const& dir, CudaModelOptions
 
 std::span<float const> CudaSession::prefill(std::span<std::int32_t const> tokens) {
   impl_->check_prompt(tokens);
-  CudaModel& m = *impl_->model;
-  for (std::size_t i = 0; i < tokens.size();) {
-    std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
-    m.step_tokens(tokens.subspan(i, n));
-    m.synchronize();  // the pinned token slots are reused by the next pass
-    i += n;
-  }
-  m.download_last_logits(impl_->logits.data());
+  impl_->run(tokens, false);
   return impl_->logits;
 }
 
 std::span<float const> CudaSession::prefill_all(std::span<std::int32_t const> tokens) {
   impl_->check_prompt(tokens);
-  CudaModel& m = *impl_->model;
-  std::size_t const V = std::size_t(m.vocab_size());
-  impl_->all.resize(tokens.size() * V);
-  for (std::size_t i = 0; i < tokens.size();) {
-    std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
-    m.step_tokens(tokens.subspan(i, n));
-    m.download_logits(impl_->all.data() + i * V, int(n));
-    i += n;
-  }
+  impl_->run(tokens, true);
   return impl_->all;
-}
-
-std::span<float const> CudaSession::mtp_after(std::span<std::int32_t const>) {
-  fail(ErrorCode::kUnsupported, "the CUDA session does not run the MTP layer yet");
 }
 
 std::span<float const> CudaSession::decode(std::int32_t token) {
   CudaModel& m = *impl_->model;
+  impl_->begin_call();
   m.step(token);
+  impl_->keep_rows();
   m.download_logits(impl_->logits.data());
   return impl_->logits;
 }
 
-void CudaSession::reset() { impl_->model->reset(); }
+std::span<float const> CudaSession::decode_all(std::span<std::int32_t const> tokens, bool rewindable) {
+  require(!rewindable || tokens.size() <= std::size_t(CudaModel::kMaxTokens), ErrorCode::kInvalidArgument,
+          "decode_all: a rewindable call takes at most " + std::to_string(CudaModel::kMaxTokens) +
+              " tokens on the GPU");
+  require(!rewindable || impl_->model->takes_tokens(), ErrorCode::kUnsupported,
+          "decode_all: a rewindable call needs passes of two tokens (not with LING_PREDICT or LING_AHEAD)");
+  impl_->check_prompt(tokens);
+  impl_->run(tokens, true);
+  impl_->rewindable = rewindable;
+  return impl_->all;
+}
+
+void CudaSession::rewind(std::int64_t n) {
+  Impl& s = *impl_;
+  require(s.rewindable, ErrorCode::kInvalidArgument, "rewind: the last call was not a rewindable decode_all");
+  std::int64_t const T = s.model->last_tokens();
+  require(n >= 0 && n < T, ErrorCode::kInvalidArgument,
+          "rewind(" + std::to_string(n) + "): the last call fed " + std::to_string(T) + " tokens");
+  if (n > 0) s.model->rewind(n);
+  s.rows_kept -= n;
+  s.rewindable = false;
+}
+
+bool CudaSession::has_mtp() const { return impl_->model->has_mtp(); }
+std::int64_t CudaSession::mtp_position() const { return impl_->model->mtp_position(); }
+
+std::span<float const> CudaSession::mtp_after(std::span<std::int32_t const> next) {
+  Impl& s = *impl_;
+  CudaModel& m = *s.model;
+  require(m.has_mtp(), ErrorCode::kUnsupported, "mtp_after: the checkpoint has no MTP layer");
+  require(!next.empty() && std::int64_t(next.size()) <= s.rows_kept, ErrorCode::kInvalidArgument,
+          "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " +
+              std::to_string(s.rows_kept) + " positions");
+  s.rewindable = false;
+  m.mtp_after(next, s.hidden.data<float>(), s.rows_first);
+  m.download_mtp_logits(s.logits.data());
+  return s.logits;
+}
+
+void CudaSession::reset() {
+  impl_->model->reset();
+  impl_->begin_call();
+}
 std::int64_t CudaSession::position() const { return impl_->model->position(); }
 std::int64_t CudaSession::vocab_size() const { return impl_->model->vocab_size(); }
 CudaModel& CudaSession::model() { return *impl_->model; }

@@ -31,8 +31,15 @@ class CudaSession {
   std::span<float const> prefill(std::span<std::int32_t const> tokens);
   std::span<float const> prefill_all(std::span<std::int32_t const> tokens);  // [T·vocab]
   std::span<float const> decode(std::int32_t token);
-  bool has_mtp() const { return false; }  // the MTP layer is not run on the GPU yet
-  std::span<float const> mtp_after(std::span<std::int32_t const> next);  // throws kUnsupported
+  // Speculative decoding (runtime::SpeculativeSession): the tokens decoded in passes of two ([T·vocab] logits); with
+  // `rewindable`, at most two, and rewind(1) then takes the second back (CudaModel::rewind).
+  std::span<float const> decode_all(std::span<std::int32_t const> tokens, bool rewindable = false);
+  void rewind(std::int64_t n);
+  // The MTP layer on the GPU (CudaModel::mtp_after): entries for the first next.size() positions of the last call
+  // (prefill, decode, decode_all), each with the token after it; the last entry's logits [vocab].
+  bool has_mtp() const;
+  std::span<float const> mtp_after(std::span<std::int32_t const> next);
+  std::int64_t mtp_position() const;
   void reset();
   std::int64_t position() const;
   std::int64_t vocab_size() const;

@@ -65,7 +65,8 @@ class AnySession {
     std::int64_t vocab_size() const override { return session.vocab_size(); }
     static constexpr bool kSpec = SpeculativeSession<S>;
     [[noreturn]] static void no_spec_() {
-      fail(ErrorCode::kUnsupported, "this session cannot verify drafts (speculative decoding needs the CPU session)");
+      fail(ErrorCode::kUnsupported, "this session cannot verify drafts (speculative decoding needs decode_all, rewind "
+                                    "and the MTP layer: the CPU or CUDA session)");
     }
     std::span<float const> decode_all(std::span<std::int32_t const> t, bool r) override {
       if constexpr (kSpec) return session.decode_all(t, r);
