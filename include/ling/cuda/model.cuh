@@ -1080,21 +1080,19 @@ class CudaModel {
     a.shared_inter = int(f.sg.rows);
     a.shared_limit = f.shared_limit;
     ops::RouterArgs ra{};  // outlives ops::moe below, which may read it (fused routing)
+    bool router_launch = false, fused = false;  // a router launch before each token's MoE (not inside launch A)
     if (f.moe) {
       ra = ops::RouterArgs{router_logits_, f.bias, int(c.num_experts), int(c.n_group), int(c.topk_group), int(c.num_experts_per_tok),
                            c.norm_topk_prob, float(c.routed_scaling_factor), sel_idx_, sel_w_, router_counter_};
-      bool const fused = ops::fused_router_enabled();
+      fused = ops::fused_router_enabled();
       // the router's rows inside launch A (no router launch): BF16 rows of whole chunks
       bool const in_a = fused && opt_.router_in_moe && ops::router_in_a_env() &&
                         f.router.format == MatFormat::kBf16 && ops::fast_rows(f.router);
-      trace_at(i, 3);
       if (in_a) {
         a.router = &f.router;
         a.grid_bar = grid_bar_;
-      } else if (!skipped("router")) {
-        // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
-        if (fused && ops::matvec_preload_enabled()) ops::matvec(st, x, norm_pa(l.post_norm), {{&f.router, router_logits_}});
-        else ops::router(st, x, norm_pa(l.post_norm), f.router, ra, fused);
+      } else {
+        router_launch = !skipped("router");
       }
       a.g_w = f.g_w, a.g_s = f.g_s, a.u_w = f.u_w, a.u_s = f.u_s, a.dn_w = f.d_w, a.dn_s = f.d_s;
       a.gu_stride_w = f.gu_sw, a.gu_stride_s = f.gu_ss, a.dn_stride_w = f.d_sw, a.dn_stride_s = f.d_ss;
@@ -1108,10 +1106,19 @@ class CudaModel {
       a.shared_limit = 0.f;  // the dense MLP has no clamp
     }
     a.skip_a = skipped("moea"), a.skip_b = skipped("moeb");
-    for (int t = 0; t < tokens; ++t) {
+    for (int t = 0; t < tokens; ++t) {  // the routing and the MoE of each token in turn (they share sel_idx_, act_)
+      float* const xt = x + t * D;
+      if (f.moe) {
+        if (t == 0) trace_at(i, 3);
+        else ops::trace_next() = nullptr;
+        // fused routing needs only the logits: with LING_MATVEC_PRELOAD=1 the preloaded matvec computes them
+        if (router_launch && fused && ops::matvec_preload_enabled())
+          ops::matvec(st, xt, norm_pa(l.post_norm), {{&f.router, router_logits_}});
+        else if (router_launch)
+          ops::router(st, xt, norm_pa(l.post_norm), f.router, ra, fused);
+      }
       if (t == 0) trace_at(i, 4);  // B: region 5
       else ops::trace_next() = nullptr;
-      float* const xt = x + t * D;
       ops::moe(st, xt, norm_pa(l.post_norm), a, f.routed, f.sg.format, xt, xt);
     }
     if (recording_ && f.pred.rows)  // predict_step: the real picks beside the predicted ones

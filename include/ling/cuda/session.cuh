@@ -140,8 +140,7 @@ std::span<float const> CudaSession::mtp_after(std::span<std::int32_t const> next
   require(!next.empty() && std::int64_t(next.size()) <= s.rows_kept, ErrorCode::kInvalidArgument,
           "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " +
               std::to_string(s.rows_kept) + " positions");
-  s.rewindable = false;
-  m.mtp_after(next, s.hidden.data<float>(), s.rows_first);
+  m.mtp_after(next, s.hidden.data<float>(), s.rows_first);  // a rewind may still follow (as on the CPU session)
   m.download_mtp_logits(s.logits.data());
   return s.logits;
 }
