@@ -155,22 +155,33 @@ double multi_bytes(std::vector<std::int64_t> const& rows, std::int64_t cols, std
   return bytes;
 }
 
+// `copies` sets of random matrices of `rows` x cols (rotated through so that the L2 cannot serve them), and each set's
+// pointers for the multi-matvec launchers.
+template <class P>
+struct MultiCopies {
+  std::vector<std::vector<DeviceMatrix<P>>> w;
+  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs;
+  MultiCopies(std::vector<std::int64_t> const& rows, std::int64_t cols, int copies)
+      : w(static_cast<std::size_t>(copies)), ptrs(static_cast<std::size_t>(copies)) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      for (auto r : rows) w[i].push_back(random_device_matrix<P>(r, cols));
+      for (auto& m : w[i]) ptrs[i].push_back(&m);
+    }
+  }
+  std::span<DeviceMatrix<P> const* const> operator[](int i) const { return ptrs[std::size_t(i)]; }
+};
+
 // preload: the kernel that copies its rows into shared memory before the PDL wait; false: the default CUDA-core one.
 template <class P>
 void BM_MatvecMulti(benchmark::State& state, std::vector<std::int64_t> rows, std::int64_t cols, bool preload = false) {
   std::int64_t out = 0;
   double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
-  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
-  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
-  for (int i = 0; i < copies; ++i) {
-    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
-    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
-  }
+  MultiCopies<P> const set(rows, cols, copies);
   DVec x{std::size_t(cols)}, y{std::size_t(out)};
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
-    std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
-    return preload ? launch_matvec_multi_preload(ws, x.p(), y.p(), s) : launch_matvec_multi(ws, x.p(), y.p(), s);
+    return preload ? launch_matvec_multi_preload(set[i], x.p(), y.p(), s)
+                   : launch_matvec_multi(set[i], x.p(), y.p(), s);
   });
 }
 
@@ -181,12 +192,7 @@ void BM_MatvecTokens(benchmark::State& state, std::vector<std::int64_t> rows, st
   std::int64_t out = 0;
   double const bytes = multi_bytes<P>(rows, cols, out);
   int const copies = copies_for(bytes);
-  std::vector<std::vector<DeviceMatrix<P>>> w(static_cast<std::size_t>(copies));
-  std::vector<std::vector<DeviceMatrix<P> const*>> ptrs(static_cast<std::size_t>(copies));
-  for (int i = 0; i < copies; ++i) {
-    for (auto r : rows) w[std::size_t(i)].push_back(random_device_matrix<P>(r, cols));
-    for (auto& m : w[std::size_t(i)]) ptrs[std::size_t(i)].push_back(&m);
-  }
+  MultiCopies<P> const set(rows, cols, copies);
   DVec x{std::size_t(cols) * std::size_t(tokens)}, y{std::size_t(out) * std::size_t(tokens)}, nw{std::size_t(cols)};
   InputPrologue pro{};
   if (rms) {
@@ -194,8 +200,7 @@ void BM_MatvecTokens(benchmark::State& state, std::vector<std::int64_t> rows, st
     pro.norm_w = nw.p();
   }
   run_graph(state, copies, bytes, [&](int i, cudaStream_t s) {
-    std::span<DeviceMatrix<P> const* const> ws(ptrs[std::size_t(i)]);
-    return launch_matvec_multi_tokens(ws, x.p(), tokens, y.p(), s, pro);
+    return launch_matvec_multi_tokens(set[i], x.p(), tokens, y.p(), s, pro);
   });
 }
 
