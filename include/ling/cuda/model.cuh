@@ -95,8 +95,7 @@ class CudaModel {
   }
   // Enqueues one decode step of `token` (asynchronous); logits land in logits_device(), the argmax in the token slot.
   void step(std::int32_t token) {
-    require(token >= 0 && token < c_.vocab_size, ErrorCode::kInvalidArgument,
-            "token id " + std::to_string(token) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
+    check_token(token);
     require(pos_ < max_ctx_, ErrorCode::kOutOfRange,
             "context overflow: position " + std::to_string(pos_) + " reaches the maximum context of " + std::to_string(max_ctx_));
     *host_token_ = token;
@@ -113,10 +112,7 @@ class CudaModel {
     require(n >= 1 && n <= kMaxTokens, ErrorCode::kInvalidArgument,
             "step_tokens: " + std::to_string(n) + " tokens (1 to " + std::to_string(kMaxTokens) + " per pass)");
     if (n == 1) return step(tokens[0]);
-    for (std::int32_t t : tokens)
-      require(t >= 0 && t < c_.vocab_size, ErrorCode::kInvalidArgument,
-              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) +
-                  ")");
+    for (std::int32_t t : tokens) check_token(t);
     require(pos_ + n <= max_ctx_, ErrorCode::kOutOfRange,
             "context overflow: positions " + std::to_string(pos_) + " to " + std::to_string(pos_ + n - 1) +
                 " pass the maximum context of " + std::to_string(max_ctx_));
@@ -167,10 +163,7 @@ class CudaModel {
     require(mtp_pos_ == p0, ErrorCode::kInvalidArgument,
             "mtp_after: the MTP stream is at position " + std::to_string(mtp_pos_) + ", the rows start at " +
                 std::to_string(p0));
-    for (std::int32_t t : next)
-      require(t >= 0 && t < c_.vocab_size, ErrorCode::kInvalidArgument,
-              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) +
-                  ")");
+    for (std::int32_t t : next) check_token(t);
     std::size_t const D = std::size_t(c_.hidden_size);
     // the tokens in one upload (from pageable memory: staged before the call returns), then one into the graph's slot
     // per entry
@@ -193,12 +186,7 @@ class CudaModel {
           "MTP logits download");
     synchronize();
   }
-  std::int32_t mtp_argmax() {
-    std::int32_t t = 0;
-    check(cudaMemcpyAsync(&t, mtp_draft_dev_, 4, cudaMemcpyDeviceToHost, stream_), "MTP argmax download");
-    synchronize();
-    return t;
-  }
+  std::int32_t mtp_argmax() { return read_int(mtp_draft_dev_, "MTP argmax download"); }
   // Whether step_tokens takes more than one token (not with the probes LING_PREDICT and LING_AHEAD).
   bool takes_tokens() const { return !predict_ && !ahead_buf_.data(); }
   // One more step on the token the previous step chose (greedy, no host work): for benchmarks.
@@ -223,11 +211,11 @@ class CudaModel {
           "logits download");
     synchronize();
   }
-  std::int32_t argmax() {
-    std::int32_t t = 0;
-    check(cudaMemcpyAsync(&t, token_dev_, 4, cudaMemcpyDeviceToHost, stream_), "argmax download");
-    synchronize();
-    return t;
+  std::int32_t argmax() { return read_int(token_dev_, "argmax download"); }
+  // Refuses an id outside the vocabulary (kInvalidArgument, naming it).
+  void check_token(std::int32_t t) const {
+    require(t >= 0 && t < c_.vocab_size, ErrorCode::kInvalidArgument,
+            "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
   }
 
   // LING_TRACE builds only (measurements): zeroes the timeline, runs one greedy step and returns per layer and region
@@ -355,6 +343,12 @@ class CudaModel {
   double weight_bytes_resident() const { return double(weight_bytes_); }
 
  private:
+  std::int32_t read_int(std::int32_t const* dev, char const* what) {
+    std::int32_t v = 0;
+    check(cudaMemcpyAsync(&v, dev, 4, cudaMemcpyDeviceToHost, stream_), what);
+    synchronize();
+    return v;
+  }
   struct KdaL {
     ModelMatrix q, k, v, f, g, b, o;
     float *conv_w = nullptr, *a_log = nullptr, *dt_bias = nullptr, *o_norm = nullptr, *state = nullptr, *ring = nullptr;

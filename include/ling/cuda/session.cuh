@@ -14,19 +14,23 @@ namespace ling::cuda {
 struct CudaSession::Impl {
   std::unique_ptr<CudaModel> model;
   std::vector<float> logits, all;
-  // With an MTP layer: the hidden rows of the last call (every pass's, in order) and their first position, for
-  // mtp_after; rows_kept of them are valid (a rewind drops the last). rewindable: the last call may be rewound.
+  // With an MTP layer, a call of several passes (a prefill) keeps every pass's hidden rows here, in order, from
+  // position rows_first, for mtp_after; rows_kept of them. A call of one pass (decode, a draft's verification) copies
+  // nothing: its rows stay the model's own (CudaModel::hidden_device) until the next pass. rewindable: the last call
+  // may be rewound.
   DeviceBuffer hidden;
   std::int64_t rows_first = 0, rows_kept = 0;
-  bool rewindable = false;
+  bool rows_in_model = true, rewindable = false;
   void begin_call() {
     rows_first = model->position();
     rows_kept = 0;
+    rows_in_model = true;
     rewindable = false;
   }
-  // After a pass: its hidden rows joined to the call's (only when the model has an MTP layer).
+  // After a pass of a call of several: its hidden rows joined to the call's (only when the model has an MTP layer).
   void keep_rows() {
     if (!model->has_mtp()) return;
+    rows_in_model = false;
     std::size_t const D = std::size_t(model->config().hidden_size), n = std::size_t(model->last_tokens());
     std::size_t const need = (std::size_t(rows_kept) + n) * D * sizeof(float);
     if (hidden.bytes() < need) {
@@ -48,12 +52,14 @@ struct CudaSession::Impl {
   void run(std::span<std::int32_t const> tokens, bool all_rows) {
     CudaModel& m = *model;
     std::size_t const V = std::size_t(m.vocab_size());
+    std::size_t const per_pass = m.takes_tokens() ? CudaModel::kMaxTokens : 1;
+    bool const passes = tokens.size() > per_pass;
     begin_call();
     if (all_rows) all.resize(tokens.size() * V);
     for (std::size_t i = 0; i < tokens.size();) {
-      std::size_t const n = m.takes_tokens() ? std::min<std::size_t>(CudaModel::kMaxTokens, tokens.size() - i) : 1;
+      std::size_t const n = std::min(per_pass, tokens.size() - i);
       m.step_tokens(tokens.subspan(i, n));
-      keep_rows();
+      if (passes) keep_rows();
       if (all_rows) m.download_logits(all.data() + i * V, int(n));
       else m.synchronize();  // the pinned token slots are reused by the next pass
       i += n;
@@ -62,9 +68,7 @@ struct CudaSession::Impl {
   }
   void check_prompt(std::span<std::int32_t const> tokens) const {
     require(!tokens.empty(), ErrorCode::kInvalidArgument, "prefill: no tokens");
-    for (auto t : tokens)
-      require(t >= 0 && t < model->vocab_size(), ErrorCode::kInvalidArgument,
-              "token id " + std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(model->vocab_size()) + ")");
+    for (auto t : tokens) model->check_token(t);
     require(model->position() + std::int64_t(tokens.size()) <= model->max_context(), ErrorCode::kOutOfRange,
             "context overflow: " + std::to_string(model->position()) + " tokens + " + std::to_string(tokens.size()) +
                 " new exceed the maximum context of " + std::to_string(model->max_context()));
@@ -102,7 +106,6 @@ std::span<float const> CudaSession::decode(std::int32_t token) {
   CudaModel& m = *impl_->model;
   impl_->begin_call();
   m.step(token);
-  impl_->keep_rows();
   m.download_logits(impl_->logits.data());
   return impl_->logits;
 }
@@ -125,8 +128,7 @@ void CudaSession::rewind(std::int64_t n) {
   std::int64_t const T = s.model->last_tokens();
   require(n >= 0 && n < T, ErrorCode::kInvalidArgument,
           "rewind(" + std::to_string(n) + "): the last call fed " + std::to_string(T) + " tokens");
-  if (n > 0) s.model->rewind(n);
-  s.rows_kept -= n;
+  if (n > 0) s.model->rewind(n);  // a rewindable call is one pass: its rows are the model's, which rewinds them
   s.rewindable = false;
 }
 
@@ -137,10 +139,13 @@ std::span<float const> CudaSession::mtp_after(std::span<std::int32_t const> next
   Impl& s = *impl_;
   CudaModel& m = *s.model;
   require(m.has_mtp(), ErrorCode::kUnsupported, "mtp_after: the checkpoint has no MTP layer");
-  require(!next.empty() && std::int64_t(next.size()) <= s.rows_kept, ErrorCode::kInvalidArgument,
-          "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " +
-              std::to_string(s.rows_kept) + " positions");
-  m.mtp_after(next, s.hidden.data<float>(), s.rows_first);  // a rewind may still follow (as on the CPU session)
+  std::int64_t const rows = s.rows_in_model ? m.last_tokens() : s.rows_kept;
+  require(!next.empty() && std::int64_t(next.size()) <= rows, ErrorCode::kInvalidArgument,
+          "mtp_after: " + std::to_string(next.size()) + " tokens but the last call produced " + std::to_string(rows) +
+              " positions");
+  // a rewind may still follow (as on the CPU session)
+  if (s.rows_in_model) m.mtp_after(next);
+  else m.mtp_after(next, s.hidden.data<float>(), s.rows_first);
   m.download_mtp_logits(s.logits.data());
   return s.logits;
 }
